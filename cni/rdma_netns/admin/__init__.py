@@ -1,0 +1,1 @@
+"""The node admin's command line (rdma-netns with arguments)."""

@@ -1,0 +1,93 @@
+"""`rdma-netns <command>`: what a node admin runs by hand.
+
+The same executable is the CNI plugin; it acts as the CLI when it is given arguments or when
+CNI_COMMAND is not set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from rdma_netns import __version__
+from rdma_netns.kernel import rdma_sysfs
+
+
+def _mode(args: argparse.Namespace) -> int:
+    mode = rdma_sysfs.netns_mode()
+    if mode is None:
+        print("RDMA netns mode: unknown (this kernel has no RDMA subsystem: ib_core is not loaded)")
+        return 1
+    print(f"RDMA netns mode: {mode}")
+    return 0
+
+
+def _devices(args: argparse.Namespace) -> int:
+    rows = []
+    for device in rdma_sysfs.devices():
+        for port in rdma_sysfs.ports(device) or [0]:
+            rows.append({"device": device, "port": port, "netdevs": rdma_sysfs.netdevs_of_device(device),
+                         "pci": rdma_sysfs.pci_address_of_device(device)})
+    if args.json:
+        json.dump(rows, sys.stdout, indent=2)
+        print()
+    elif not rows:
+        print("no RDMA devices visible in this network namespace")
+    else:
+        print(f"{'DEVICE':<16} {'PORT':>4}  {'NETDEVS':<24} PCI")
+        for r in rows:
+            print(f"{r['device']:<16} {r['port']:>4}  {','.join(r['netdevs']) or '-':<24} {r['pci'] or '-'}")
+    return 0
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    """Validate a conflist or a single plugin config the way the CNI plugin will."""
+    from pydantic import ValidationError
+
+    from rdma_netns.config import model
+
+    try:
+        with open(args.file) as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as exc:
+        print(f"{args.file}: cannot read JSON: {exc}", file=sys.stderr)
+        return 2
+    entries = doc.get("plugins", [doc]) if isinstance(doc, dict) else []
+    ours = [dict(e, cniVersion=doc.get("cniVersion", e.get("cniVersion")), name=doc.get("name", e.get("name")))
+            for e in entries if isinstance(e, dict) and e.get("type") == "rdma-netns"]
+    if not ours:
+        print(f"{args.file}: no plugin of type rdma-netns in it", file=sys.stderr)
+        return 2
+    status = 0
+    for entry in ours:
+        try:
+            model.validate(entry)
+            print(f"{args.file}: ok ({entry['name']})")
+        except ValidationError as exc:
+            print(f"{args.file}: {model.describe_errors(exc)}", file=sys.stderr)
+            status = 1
+    return status
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rdma-netns",
+        description="RDMA networking for Kubernetes pods without hostNetwork. Run by a container runtime "
+                    "(CNI_COMMAND set) it is a CNI plugin; with a command it is this admin tool.")
+    parser.add_argument("--version", action="version", version=f"rdma-netns {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("mode", help="show the kernel's RDMA network-namespace mode")
+    p.set_defaults(func=_mode)
+    p = sub.add_parser("devices", help="list the RDMA devices visible here, their ports and netdevs")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=_devices)
+    p = sub.add_parser("check-config", help="validate a conflist (or one plugin entry) against the config contract")
+    p.add_argument("file")
+    p.set_defaults(func=_check_config)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)

@@ -1,0 +1,1 @@
+"""Network configuration: the pydantic contract (model.py) and its fast, cached loader."""

@@ -1,0 +1,142 @@
+"""The network configuration contract, as pydantic models.
+
+This is the single definition of what a valid config is. The CNI hot path does not import
+it on every call: config/loader.py validates a config once and caches the verdict by digest.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from rdma_netns.config.loader import DEFAULT_STATE_DIR, RUNTIME_KEYS
+from rdma_netns.spec.env import valid_ifname
+
+NETWORK_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.\-]*\Z")
+PCI_ADDRESS = re.compile(r"[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]\Z")
+DEVICE_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}\Z")
+PLUGIN_TYPE = re.compile(r"[A-Za-z0-9_.\-]{1,64}\Z")
+
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class Ipam(BaseModel):
+    """An IPAM delegate's config: its own schema, but it must name a plugin binary."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+
+    @field_validator("type")
+    @classmethod
+    def _plugin_name(cls, value: str) -> str:
+        if not PLUGIN_TYPE.match(value) or value in (".", ".."):
+            raise ValueError(f"IPAM type {value!r} is not a plugin name")
+        return value
+
+
+class Rail(Strict):
+    """One RDMA NIC: named by exactly one of netdev, rdmaDevice or pciAddress."""
+
+    netdev: str | None = None
+    rdmaDevice: str | None = None
+    pciAddress: str | None = None
+    ifname: str | None = None
+    ipam: Ipam | None = None
+    mtu: int | None = Field(default=None, ge=1280, le=65535)
+
+    @model_validator(mode="after")
+    def _one_selector(self) -> Rail:
+        chosen = [k for k in ("netdev", "rdmaDevice", "pciAddress") if getattr(self, k)]
+        if len(chosen) != 1:
+            raise ValueError("a rail names its NIC by exactly one of netdev, rdmaDevice, pciAddress"
+                             f" (got {', '.join(chosen) or 'none'})")
+        if self.netdev is not None and not valid_ifname(self.netdev):
+            raise ValueError(f"netdev {self.netdev!r} is not a valid interface name")
+        if self.rdmaDevice is not None and not DEVICE_NAME.match(self.rdmaDevice):
+            raise ValueError(f"rdmaDevice {self.rdmaDevice!r} is not a valid RDMA device name")
+        if self.pciAddress is not None and not PCI_ADDRESS.match(self.pciAddress):
+            raise ValueError(f"pciAddress {self.pciAddress!r} is not a PCI address like 0000:3b:00.0")
+        if self.ifname is not None and not valid_ifname(self.ifname):
+            raise ValueError(f"ifname {self.ifname!r} is not a valid interface name")
+        return self
+
+
+class NetConf(Strict):
+    cniVersion: str
+    name: str
+    type: str
+    mode: Literal["shared", "exclusive", "auto"] = "auto"
+    link: Literal["macvlan", "ipvlan"] = "macvlan"
+    linkMode: str | None = None
+    rails: list[Rail] | None = Field(default=None, min_length=1, max_length=64)
+    ipam: Ipam | None = None
+    requireRdma: bool = True
+    gidWaitMs: int = Field(default=500, ge=0, le=30000)
+    routeTableBase: int = Field(default=100, ge=1, le=2**31 - 64)
+    rulePriorityBase: int = Field(default=1000, ge=1, le=32000)
+    ipamTimeoutSeconds: float = Field(default=30.0, gt=0, le=600)
+    lockTimeoutSeconds: float = Field(default=10.0, gt=0, le=600)
+    mtu: int | None = Field(default=None, ge=1280, le=65535)
+    stateDir: str = DEFAULT_STATE_DIR
+    dns: dict[str, Any] | None = None
+    capabilities: dict[str, bool] | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _network_name(cls, value: str) -> str:
+        if not NETWORK_NAME.match(value) or len(value) > 128:
+            raise ValueError("network name must start with a letter or digit and use only [A-Za-z0-9_.-]")
+        return value
+
+    @field_validator("stateDir")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/") or "\0" in value or ".." in value.split("/"):
+            raise ValueError("stateDir must be an absolute path without '..'")
+        return value
+
+    @model_validator(mode="after")
+    def _coherent(self) -> NetConf:
+        if self.linkMode is not None:
+            allowed = {"macvlan": ("bridge", "private", "vepa", "passthru"), "ipvlan": ("l2", "l3", "l3s")}[self.link]
+            if self.linkMode not in allowed:
+                raise ValueError(f"linkMode {self.linkMode!r} is not one of {', '.join(allowed)} for {self.link}")
+        if self.rails:
+            names = [r.ifname for r in self.rails if r.ifname]
+            if len(names) != len(set(names)):
+                raise ValueError("rails have duplicate ifnames")
+            if any(r.ipam is None for r in self.rails) and self.ipam is None:
+                raise ValueError("every rail needs an ipam (its own, or the top-level default)")
+        elif self.ipam is None:
+            raise ValueError("ipam is required (top-level, or per rail)")
+        return self
+
+
+def validate(raw: dict) -> dict:
+    """Validate a config and return it normalised: every default filled in, plain JSON types.
+
+    The runtime's per-invocation keys (RUNTIME_KEYS) are not part of the contract checked here.
+    """
+    conf = NetConf.model_validate({k: v for k, v in raw.items() if k not in RUNTIME_KEYS})
+    out = conf.model_dump(mode="json")
+    out["linkMode"] = out["linkMode"] or {"macvlan": "bridge", "ipvlan": "l2"}[out["link"]]
+    return out
+
+
+def describe_errors(exc: Exception) -> str:
+    """pydantic's errors as one line a node admin can act on: field path and reason."""
+    errors = getattr(exc, "errors", None)
+    if errors is None:
+        return str(exc)
+    parts = []
+    for err in errors():
+        where = ".".join(str(p) for p in err.get("loc", ())) or "config"
+        reason = "unknown field" if err.get("type") == "extra_forbidden" else err.get("msg", "invalid")
+        parts.append(f"{where}: {reason}")
+    return "; ".join(parts)
+

@@ -1,0 +1,77 @@
+"""The `rdma-netns` executable: a CNI plugin when CNI_COMMAND is set, the admin CLI otherwise.
+
+Start-up time is part of every pod event, so this module imports only the standard library
+pieces every command needs; each command pulls in its own code lazily.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from rdma_netns import jsonio
+from rdma_netns.spec import versions
+from rdma_netns.spec.errors import INCOMPATIBLE_VERSION, CniError
+
+INTERNAL_ERROR = 999
+
+
+def main(argv: list[str] | None = None) -> int:
+    if "CNI_COMMAND" in os.environ and not (argv or sys.argv[1:]):
+        return run_cni()
+    from rdma_netns.admin.cli import main as admin_main
+
+    return admin_main(argv)
+
+
+def _emit(value: dict) -> None:
+    sys.stdout.write(jsonio.dumps(value) + "\n")
+    sys.stdout.flush()
+
+
+def run_cni(environ: dict[str, str] | None = None, stdin: bytes | None = None) -> int:
+    """One CNI invocation: result or error JSON on stdout, exit code 0 or 1."""
+    error_version = versions.LATEST
+    try:
+        from rdma_netns.spec.env import read_env
+
+        env = read_env(environ)
+        data = sys.stdin.buffer.read() if stdin is None else stdin
+        if env.command == "VERSION":
+            _emit(versions.version_result())
+            return 0
+        from rdma_netns.config import loader
+
+        raw = loader.parse_json(data)
+        if raw.get("cniVersion") in versions.SUPPORTED_VERSIONS:
+            error_version = raw["cniVersion"]
+        cfg = loader.load(raw)
+        from rdma_netns import plugin
+
+        if env.command == "ADD":
+            _emit(versions.format_result(plugin.cmd_add(env, cfg), cfg.cni_version))
+        elif env.command == "DEL":
+            plugin.cmd_del(env, cfg)
+        elif env.command == "CHECK":
+            plugin.cmd_check(env, cfg)
+        elif env.command == "STATUS":
+            _require_11(cfg.cni_version, "STATUS")
+            plugin.cmd_status(env, cfg)
+        elif env.command == "GC":
+            _require_11(cfg.cni_version, "GC")
+            plugin.cmd_gc(env, cfg)
+        return 0
+    except CniError as exc:
+        _emit(exc.to_json_dict(error_version))
+        return 1
+    except Exception as exc:  # a bug or an unexpected kernel answer: still a CNI error, never a bare traceback
+        import traceback
+
+        traceback.print_exc(file=sys.stderr)
+        _emit(CniError(INTERNAL_ERROR, f"internal error: {type(exc).__name__}: {exc}").to_json_dict(error_version))
+        return 1
+
+
+def _require_11(version: str, command: str) -> None:
+    if not versions.at_least(version, "1.1.0"):
+        raise CniError(INCOMPATIBLE_VERSION, f"{command} needs cniVersion 1.1.0 or later, not {version}")

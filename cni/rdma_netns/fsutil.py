@@ -1,0 +1,64 @@
+"""Private files: 0700 folders, 0600 files, atomic replacement, no symlink following."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from rdma_netns import jsonio
+
+
+def ensure_private_dir(path: str) -> None:
+    """Create `path` (and parents) 0700; refuse a symlink or a folder others can write."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise OSError(f"{path} is not a folder (a symlink or file is in the way)")
+    if st.st_uid != os.geteuid():
+        raise OSError(f"{path} belongs to uid {st.st_uid}, not to this process")
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        os.chmod(path, 0o700)
+
+
+def read_json(path: str) -> object | None:
+    """The JSON in `path`, or None when it is missing, a symlink or unreadable garbage."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            return jsonio.loads(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+def write_json_atomic(path: str, value: object) -> None:
+    """Write via a temporary file and rename, so a reader sees the old or the new file, whole.
+
+    No fsync: the state protects against a crash of the plugin process, and after a node reboot
+    every pod namespace is gone anyway; a file truncated by power loss reads as missing.
+    """
+    tmp = f"{path}.tmp.{os.getpid()}"
+    remove(tmp)  # left by a killed process that had our pid
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(jsonio.dumps(value))
+        os.rename(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,398 @@
+"""The CNI commands: ADD, DEL, CHECK, STATUS, GC, VERSION.
+
+Policy lives here; kernel access goes through kernel/, per-mode interface moves through
+modes/, addresses and routing through addressing.py. Every ADD writes its state before the first
+change, so that a crash at any point leaves a record DEL (or GC) can undo.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from _socket import AF_INET, AF_INET6
+
+from rdma_netns import addressing, ipam, modes, rails
+from rdma_netns.config import loader
+from rdma_netns.kernel import netns, rdma_sysfs, rtnl
+from rdma_netns.kernel.netlink import NetlinkError, NetlinkSocket
+from rdma_netns.spec import versions
+from rdma_netns.spec.env import CniEnv
+from rdma_netns.spec.errors import (
+    CHECK_FAILED,
+    IFNAME_EXISTS,
+    INCOMPATIBLE_VERSION,
+    INVALID_CONFIG,
+    INVALID_ENV,
+    KERNEL_REJECTED,
+    NO_RDMA,
+    NOT_AVAILABLE,
+    RAIL_UNAVAILABLE,
+    UNKNOWN_CONTAINER,
+    CniError,
+)
+from rdma_netns.state import StateStore
+
+STATE_FORMAT = 1
+
+
+def log(message: str) -> None:
+    """Runtimes keep a plugin's stderr in their logs; stdout is reserved for the result."""
+    print(f"rdma-netns: {message}", file=sys.stderr)
+
+
+def _open_pod_netns(path: str) -> int:
+    try:
+        fd = netns.open_netns(path)
+    except FileNotFoundError:
+        raise CniError(INVALID_ENV, f"CNI_NETNS {path} does not exist") from None
+    except netns.NotANetns:
+        raise CniError(INVALID_ENV, f"CNI_NETNS {path} is not a network namespace") from None
+    except OSError as exc:
+        raise CniError(INVALID_ENV, f"CNI_NETNS {path} cannot be opened: {exc.strerror}") from None
+    home = netns.current_netns_fd()
+    try:
+        if netns.same_netns(fd, home):
+            os.close(fd)
+            raise CniError(INVALID_ENV, f"CNI_NETNS {path} is the plugin's own (host) namespace")
+    finally:
+        os.close(home)
+    return fd
+
+
+def _open_pod_netns_if_alive(path: str) -> int | None:
+    """For teardown: the pod namespace if it still exists, else None (its links went with it)."""
+    if not path:
+        return None
+    try:
+        return netns.open_netns(path)
+    except (OSError, netns.NotANetns):
+        return None
+
+
+def _rail_routing(net: dict, link: rtnl.Link) -> tuple[int, int]:
+    """A rail's routing table and rule priority in the pod.
+
+    The table is derived from the interface's index in the pod, which is unique there, so two
+    attachments (even of different networks) in one pod never share a table, and teardown can
+    find the table again from the link without trusting stored numbers.
+    """
+    return net["routeTableBase"] + link.index, net["rulePriorityBase"]
+
+
+def _host_parent(sock: NetlinkSocket, rail: rails.Rail) -> rtnl.Link:
+    link = rtnl.get_link(sock, rail.netdev)
+    if link is None:
+        raise CniError(RAIL_UNAVAILABLE, f"rail netdev {rail.netdev} does not exist in the host namespace")
+    if not link.flags & rtnl.IFF_UP:
+        raise CniError(RAIL_UNAVAILABLE, f"rail netdev {rail.netdev} is down")
+    return link
+
+
+# ---------------------------------------------------------------- ADD
+
+
+def cmd_add(env: CniEnv, cfg: loader.Config) -> dict:
+    net = cfg.net
+    mode = modes.select(net)
+    chained = cfg.prev_result is not None
+    store = StateStore(net["stateDir"], net["name"])
+    store.prepare()
+    with store.locked(env.container_id, env.ifname, net["lockTimeoutSeconds"]):
+        previous = store.load(env.container_id, env.ifname)
+        if previous is not None:
+            if previous.get("phase") == "ready":
+                raise CniError(IFNAME_EXISTS, f"attachment {env.container_id}/{env.ifname} already exists",
+                               "DEL it before adding it again")
+            log(f"cleaning up an interrupted ADD of {env.container_id}/{env.ifname}")
+            _teardown_or_raise(previous, env, cfg)
+            store.delete(env.container_id, env.ifname)
+        pod_fd = _open_pod_netns(env.netns)
+        try:
+            plan = rails.plan(net, env.ifname, cfg.runtime.device_id, chained)
+            if (cfg.runtime.mac or cfg.runtime.ips) and len(plan) != 1:
+                raise CniError(INVALID_CONFIG, "runtimeConfig mac/ips need a single-rail attachment")
+            with NetlinkSocket() as host_sock:
+                parents = [_host_parent(host_sock, rail) for rail in plan]
+                state = {
+                    "format": STATE_FORMAT, "phase": "adding", "mode": mode.name, "link": mode.link_kind,
+                    "containerID": env.container_id, "ifname": env.ifname, "netns": env.netns,
+                    "network": net["name"], "rails": [r.to_state() for r in plan],
+                }
+                store.save(env.container_id, env.ifname, state)
+                try:
+                    result = _add_rails(env, cfg, mode, plan, parents, host_sock, pod_fd, state)
+                except BaseException:
+                    _rollback(state, env, cfg, store)
+                    raise
+            state["phase"] = "ready"
+            state["result"] = result
+            store.save(env.container_id, env.ifname, state)
+            return result
+        finally:
+            os.close(pod_fd)
+
+
+def _rollback(state: dict, env: CniEnv, cfg: loader.Config, store: StateStore) -> None:
+    errors = _teardown(state, env, cfg)
+    if errors:  # keep the state: a later DEL retries what is left
+        log(f"rollback of {env.container_id}/{env.ifname} incomplete, DEL will finish it: {'; '.join(errors)}")
+    else:
+        store.delete(env.container_id, env.ifname)
+
+
+def _add_rails(env: CniEnv, cfg: loader.Config, mode: modes.SharedMode, plan: list[rails.Rail],
+               parents: list[rtnl.Link], host_sock: NetlinkSocket, pod_fd: int, state: dict) -> dict:
+    net = cfg.net
+    extra = {k: v for k, v in (("args", cfg.args), ("runtimeConfig", {"ips": cfg.runtime.ips} if cfg.runtime.ips
+                                                                       else None)) if v}
+    ipam_results = [
+        ipam.invoke("ADD", ipam=rail.ipam, network=net["name"], cni_version=cfg.cni_version,
+                    container_id=env.container_id, netns=env.netns, ifname=rail.ifname, cni_path=env.path,
+                    timeout=net["ipamTimeoutSeconds"], extra=extra)
+        for rail in plan
+    ]
+    addressings = [addressing.parse_ipam_result(r, rail.ifname) for r, rail in zip(ipam_results, plan)]
+    for rail, parent in zip(plan, parents):
+        mode.attach(host_sock, pod_fd, rail, parent, cfg.runtime.mac)
+    links: list[rtnl.Link] = []
+    with netns.inside(pod_fd), NetlinkSocket() as pod_sock:
+        for rail, plan_ip in zip(plan, addressings):
+            link = rtnl.get_link(pod_sock, rail.ifname)
+            if link is None:
+                raise CniError(KERNEL_REJECTED, f"{rail.ifname} vanished from the pod right after it was created")
+            try:
+                addressing.configure(pod_sock, link, plan_ip, *_rail_routing(net, link))
+            except NetlinkError as exc:
+                raise CniError(KERNEL_REJECTED, f"configuring {rail.ifname}: {exc.strerror}") from None
+            links.append(link)
+    gids = _wait_for_gids(plan, addressings, net["gidWaitMs"] / 1000)
+    for rail_state, gid in zip(state["rails"], gids):
+        rail_state["gidIndexes"] = gid
+    return _result(env, cfg, plan, links, addressings, gids)
+
+
+def _wait_for_gids(plan: list[rails.Rail], addressings: list[addressing.RailAddressing],
+                   timeout: float) -> list[list[int]]:
+    """Each rail address must show up as a RoCE v2 GID of the rail's RDMA port (briefly awaited)."""
+    deadline = time.monotonic() + timeout
+    found: list[list[int]] = []
+    for rail, plan_ip in zip(plan, addressings):
+        indexes = []
+        for address, _gw in plan_ip.addresses:
+            if rail.rdma is None:
+                continue
+            while (entry := rdma_sysfs.find_gid(rail.rdma, address.ip)) is None:
+                if time.monotonic() > deadline:
+                    raise CniError(NO_RDMA, f"no RoCE v2 GID for {address.ip} appeared on {rail.rdma.device} port "
+                                   f"{rail.rdma.port} (rail {rail.ifname} on {rail.netdev})",
+                                   "is the netdev really the RoCE port of that device?")
+                time.sleep(0.002)
+            indexes.append(entry.index)
+        found.append(indexes)
+    return found
+
+
+def _result(env: CniEnv, cfg: loader.Config, plan: list[rails.Rail], links: list[rtnl.Link],
+            addressings: list[addressing.RailAddressing], gids: list[list[int]]) -> dict:
+    prev = versions.format_result(cfg.prev_result, versions.LATEST) if cfg.prev_result else {}
+    interfaces = list(prev.get("interfaces", []))
+    ips = list(prev.get("ips", []))
+    routes = list(prev.get("routes", []))
+    dns = prev.get("dns") or cfg.net.get("dns") or {}
+    for rail, link, plan_ip in zip(plan, links, addressings):
+        iface = {"name": rail.ifname, "mac": link.mac, "sandbox": env.netns}
+        if rail.rdma is not None:
+            iface["pciID"] = rdma_sysfs.pci_address_of_device(rail.rdma.device) or rail.rdma.device
+        if rail.mtu:
+            iface["mtu"] = rail.mtu
+        interfaces.append(iface)
+        for address, gw in plan_ip.addresses:
+            ip = {"address": str(address), "interface": len(interfaces) - 1}
+            if gw is not None:
+                ip["gateway"] = gw.address_text()
+            ips.append(ip)
+        routes.extend({"dst": str(dst), **({"gw": gw.address_text()} if gw else {})} for dst, gw in plan_ip.routes)
+        if not dns and plan_ip.dns:
+            dns = plan_ip.dns
+    result = {"cniVersion": versions.LATEST, "interfaces": interfaces, "ips": ips}
+    if routes:
+        result["routes"] = routes
+    if dns:
+        result["dns"] = dns
+    return result
+
+
+# ---------------------------------------------------------------- DEL and teardown
+
+
+def _teardown(state: dict, env: CniEnv, cfg: loader.Config) -> list[str]:
+    """Undo an attachment from its state: pod links and rules, then every rail's IPAM allocation.
+
+    Goes on past failures so that one stuck rail does not strand the others; returns them.
+    """
+    mode = modes.SharedMode(state.get("link", cfg.net["link"]), cfg.net["linkMode"])
+    pod_fd = _open_pod_netns_if_alive(state.get("netns") or env.netns)
+    errors: list[str] = []
+    if pod_fd is not None:
+        try:
+            with netns.inside(pod_fd), NetlinkSocket() as pod_sock:
+                for rail in state["rails"]:
+                    try:
+                        _detach_rail(pod_sock, mode, rail, cfg.net)
+                    except OSError as exc:
+                        errors.append(f"{rail['ifname']}: {exc}")
+        finally:
+            os.close(pod_fd)
+    for rail in state["rails"]:
+        try:
+            ipam.invoke("DEL", ipam=rail["ipam"], network=state.get("network", cfg.net["name"]),
+                        cni_version=cfg.cni_version, container_id=state.get("containerID", env.container_id),
+                        netns=state.get("netns") or env.netns, ifname=rail["ifname"], cni_path=env.path,
+                        timeout=cfg.net["ipamTimeoutSeconds"])
+        except CniError as exc:
+            errors.append(exc.msg)
+    return errors
+
+
+def _teardown_or_raise(state: dict, env: CniEnv, cfg: loader.Config) -> None:
+    errors = _teardown(state, env, cfg)
+    if errors:
+        raise CniError(KERNEL_REJECTED, "teardown incomplete: " + "; ".join(errors))
+
+
+def _detach_rail(pod_sock: NetlinkSocket, mode: modes.SharedMode, rail: dict, net: dict) -> None:
+    link = rtnl.get_link(pod_sock, rail["ifname"])
+    if link is None or not mode.owns(link):
+        return
+    table, priority = _rail_routing(net, link)
+    for family in (AF_INET6, AF_INET):  # rules are not removed with the link
+        stale = [r.src for r in rtnl.list_rules(pod_sock, family)
+                 if r.table == table and r.priority == priority and r.src is not None]
+        addressing.remove_rules(pod_sock, stale, table, priority)
+    mode.detach(pod_sock, link)
+
+
+def cmd_del(env: CniEnv, cfg: loader.Config) -> None:
+    net = cfg.net
+    store = StateStore(net["stateDir"], net["name"])
+    store.prepare()
+    with store.locked(env.container_id, env.ifname, net["lockTimeoutSeconds"]):
+        state = store.load(env.container_id, env.ifname)
+        if state is None:
+            for err in _teardown(_state_from_config(env, cfg), env, cfg):
+                log(f"DEL without state, ignored: {err}")
+            return
+        _teardown_or_raise(state, env, cfg)
+        store.delete(env.container_id, env.ifname)
+
+
+def _state_from_config(env: CniEnv, cfg: loader.Config) -> dict:
+    """Without state, DEL still releases what the config says ADD would have taken."""
+    net = cfg.net
+    try:
+        entries = rails.configured_rails(net)
+    except CniError:
+        entries = []
+    chained = cfg.prev_result is not None
+    return {
+        "netns": env.netns, "network": net["name"], "containerID": env.container_id, "link": net["link"],
+        "rails": [{"ifname": rails.default_ifname(e, i, len(entries), env.ifname, chained),
+                   "ipam": e.get("ipam") or net["ipam"]}
+                  for i, e in enumerate(entries)],
+    }
+
+
+# ---------------------------------------------------------------- CHECK
+
+
+def cmd_check(env: CniEnv, cfg: loader.Config) -> None:
+    if not versions.at_least(cfg.cni_version, "0.4.0"):
+        raise CniError(INCOMPATIBLE_VERSION, f"CHECK needs cniVersion 0.4.0 or later, not {cfg.cni_version}")
+    net = cfg.net
+    mode = modes.select(net)
+    store = StateStore(net["stateDir"], net["name"])
+    store.prepare()
+    with store.locked(env.container_id, env.ifname, net["lockTimeoutSeconds"]):
+        state = store.load(env.container_id, env.ifname)
+    if state is None or state.get("phase") != "ready":
+        raise CniError(UNKNOWN_CONTAINER, f"no attachment {env.container_id}/{env.ifname} in network {net['name']}")
+    result = state["result"]
+    if cfg.prev_result is not None:
+        listed = {i.get("name") for i in cfg.prev_result.get("interfaces", []) if i.get("sandbox")}
+        for rail in state["rails"]:
+            if rail["ifname"] not in listed:
+                raise CniError(CHECK_FAILED, f"prevResult does not list the pod interface {rail['ifname']}")
+    pod_fd = _open_pod_netns(env.netns)
+    try:
+        with netns.inside(pod_fd), NetlinkSocket() as pod_sock:
+            for rail in state["rails"]:
+                _check_rail(pod_sock, mode, rail, result, net)
+    finally:
+        os.close(pod_fd)
+    for rail in state["rails"]:
+        ipam.invoke("CHECK", ipam=rail["ipam"], network=net["name"], cni_version=cfg.cni_version,
+                    container_id=env.container_id, netns=env.netns, ifname=rail["ifname"], cni_path=env.path,
+                    timeout=net["ipamTimeoutSeconds"])
+
+
+def _check_rail(pod_sock: NetlinkSocket, mode: modes.SharedMode, rail: dict, result: dict, net: dict) -> None:
+    link = rtnl.get_link(pod_sock, rail["ifname"])
+    if link is None:
+        raise CniError(CHECK_FAILED, f"the pod has no interface {rail['ifname']}")
+    if not mode.owns(link):
+        raise CniError(CHECK_FAILED, f"{rail['ifname']} is a {link.kind or 'physical'} link, not a {mode.link_kind}")
+    index = next(i for i, iface in enumerate(result["interfaces"]) if iface["name"] == rail["ifname"]
+                 and iface.get("sandbox"))
+    if result["interfaces"][index].get("mac") not in (None, link.mac):
+        raise CniError(CHECK_FAILED, f"{rail['ifname']} changed its MAC to {link.mac}")
+    plan_ip = addressing.parse_ipam_result(
+        {"ips": [ip for ip in result["ips"] if ip.get("interface") == index], "routes": []}, rail["ifname"])
+    addressing.verify(pod_sock, link, plan_ip, *_rail_routing(net, link))
+    if rail.get("rdmaDevice"):
+        port = rdma_sysfs.RdmaPort(rail["rdmaDevice"], rail["port"])
+        for address, _gw in plan_ip.addresses:
+            if rdma_sysfs.find_gid(port, address.ip) is None:
+                raise CniError(CHECK_FAILED, f"the RoCE v2 GID of {address.ip} is gone from {port.device}")
+
+
+# ---------------------------------------------------------------- STATUS and GC
+
+
+def cmd_status(env: CniEnv, cfg: loader.Config) -> None:
+    """Can ADD work now? Rails present and up, kernel mode right, IPAM plugins installed."""
+    net = cfg.net
+    try:
+        modes.select(net)
+        plan = rails.plan(net, "eth0", None, False)
+        with NetlinkSocket() as sock:
+            for rail in plan:
+                _host_parent(sock, rail)
+        for rail in plan:
+            ipam.find_plugin(rail.ipam["type"], env.path)
+    except CniError as exc:
+        raise CniError(NOT_AVAILABLE, exc.msg, exc.details) from None
+
+
+def cmd_gc(env: CniEnv, cfg: loader.Config) -> None:
+    """Release every attachment of this network that the runtime no longer lists."""
+    if cfg.valid_attachments is None:
+        raise CniError(INVALID_CONFIG, "GC needs cni.dev/valid-attachments in the config")
+    net = cfg.net
+    store = StateStore(net["stateDir"], net["name"])
+    store.prepare()
+    for container_id, ifname in store.attachments():
+        if (container_id, ifname) in cfg.valid_attachments:
+            continue
+        with store.locked(container_id, ifname, net["lockTimeoutSeconds"]):
+            state = store.load(container_id, ifname)
+            if state is None:
+                continue
+            log(f"GC: releasing {container_id}/{ifname}")
+            stale_env = CniEnv(command="DEL", container_id=container_id, ifname=ifname,
+                               netns=state.get("netns", ""), path=env.path)
+            errors = _teardown(state, stale_env, cfg)
+            if errors:  # keep the state so that the next GC tries again
+                log(f"GC of {container_id}/{ifname} incomplete: {'; '.join(errors)}")
+            else:
+                store.delete(container_id, ifname)

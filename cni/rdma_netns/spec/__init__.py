@@ -1,0 +1,1 @@
+"""The CNI protocol itself: errors, versions, environment, results. No kernel access here."""

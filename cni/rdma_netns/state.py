@@ -1,0 +1,103 @@
+"""Per-attachment state and locking under the state folder.
+
+Layout: <stateDir>/<network>/<containerID>:<ifname>.json (0600 in 0700 folders) and
+<stateDir>/locks/<n> for a fixed set of lock stripes. ':' cannot occur in a container ID or an
+ifname, so the file name maps back to its attachment. Striped locks never need deleting, so
+there is no unlink-while-locked race and nothing leaks, and unrelated pods rarely share a stripe.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import time
+from zlib import crc32
+
+from rdma_netns import fsutil
+from rdma_netns.spec.errors import IO_FAILURE, TRY_AGAIN_LATER, CniError
+
+LOCK_STRIPES = 256
+
+
+class StateStore:
+    def __init__(self, state_dir: str, network: str) -> None:
+        self.root = state_dir
+        self.folder = f"{state_dir}/{network}"
+
+    def prepare(self) -> None:
+        try:
+            fsutil.ensure_private_dir(self.root)
+            fsutil.ensure_private_dir(self.folder)
+            fsutil.ensure_private_dir(f"{self.root}/locks")
+        except OSError as exc:
+            raise CniError(IO_FAILURE, f"state folder {self.folder} is not usable: {exc}") from None
+
+    def _path(self, container_id: str, ifname: str) -> str:
+        return f"{self.folder}/{container_id}:{ifname}.json"
+
+    def load(self, container_id: str, ifname: str) -> dict | None:
+        value = fsutil.read_json(self._path(container_id, ifname))
+        return value if isinstance(value, dict) else None
+
+    def save(self, container_id: str, ifname: str, value: dict) -> None:
+        try:
+            fsutil.write_json_atomic(self._path(container_id, ifname), value)
+        except OSError as exc:
+            raise CniError(IO_FAILURE, f"cannot write state in {self.folder}: {exc}") from None
+
+    def delete(self, container_id: str, ifname: str) -> None:
+        try:
+            fsutil.remove(self._path(container_id, ifname))
+        except OSError as exc:
+            raise CniError(IO_FAILURE, f"cannot remove state in {self.folder}: {exc}") from None
+
+    def attachments(self) -> list[tuple[str, str]]:
+        """Every (containerID, ifname) with a state file."""
+        try:
+            names = os.listdir(self.folder)
+        except FileNotFoundError:
+            return []
+        out = []
+        for name in names:
+            if name.endswith(".json") and ":" in name:
+                cid, _, ifname = name[: -len(".json")].partition(":")
+                out.append((cid, ifname))
+        return sorted(out)
+
+    def locked(self, container_id: str, ifname: str, timeout: float) -> AttachmentLock:
+        stripe = crc32(f"{container_id}:{ifname}".encode()) % LOCK_STRIPES
+        return AttachmentLock(f"{self.root}/locks/{stripe}", f"{container_id}/{ifname}", timeout)
+
+
+class AttachmentLock:
+    """`with store.locked(...) as waited:` holds an attachment's lock stripe (flock, polled so
+    that it can give up after `timeout` with "try again later" instead of hanging a runtime)."""
+
+    def __init__(self, path: str, what: str, timeout: float) -> None:
+        self.path, self.what, self.timeout = path, what, timeout
+        self.fd = -1
+
+    def __enter__(self) -> float:
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        start = time.monotonic()
+        delay = 0.001
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return time.monotonic() - start
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    self.__exit__()
+                    raise
+            if time.monotonic() - start > self.timeout:
+                self.__exit__()
+                raise CniError(TRY_AGAIN_LATER, f"another invocation holds the lock of {self.what}",
+                               f"waited {self.timeout:.1f} s")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)  # closing the last fd releases the flock
+            self.fd = -1
