@@ -42,11 +42,16 @@ if _json is not None:
         start = len(text) - len(text.lstrip(_WHITESPACE))
         try:
             value, end = _scan(text, start)
-        except StopIteration:
-            raise ValueError("expecting a JSON value") from None
-        if text[end:].strip(_WHITESPACE):
-            raise ValueError(f"extra data after the JSON value at offset {end}")
-        _DecoderContext.memo.clear()
+            if text[end:].strip(_WHITESPACE):
+                raise ValueError("extra data")
+        except Exception:
+            # Error path only: the C scanner's error reporting needs the json package, so let the
+            # standard module produce its precise JSONDecodeError (a ValueError).
+            import json
+
+            return json.loads(text)
+        finally:
+            _DecoderContext.memo.clear()
         return value
 
     def dumps(value: object) -> str:

@@ -112,6 +112,8 @@ def cmd_add(env: CniEnv, cfg: loader.Config) -> dict:
             plan = rails.plan(net, env.ifname, cfg.runtime.device_id, chained)
             if (cfg.runtime.mac or cfg.runtime.ips) and len(plan) != 1:
                 raise CniError(INVALID_CONFIG, "runtimeConfig mac/ips need a single-rail attachment")
+            for rail in plan:  # every IPAM plugin must be there before anything changes
+                ipam.find_plugin(rail.ipam["type"], env.path)
             with NetlinkSocket() as host_sock:
                 parents = [_host_parent(host_sock, rail) for rail in plan]
                 state = {
@@ -134,7 +136,7 @@ def cmd_add(env: CniEnv, cfg: loader.Config) -> dict:
 
 
 def _rollback(state: dict, env: CniEnv, cfg: loader.Config, store: StateStore) -> None:
-    errors = _teardown(state, env, cfg)
+    errors = _teardown(state, env, cfg, rollback=True)
     if errors:  # keep the state: a later DEL retries what is left
         log(f"rollback of {env.container_id}/{env.ifname} incomplete, DEL will finish it: {'; '.join(errors)}")
     else:
@@ -146,12 +148,13 @@ def _add_rails(env: CniEnv, cfg: loader.Config, mode: modes.SharedMode, plan: li
     net = cfg.net
     extra = {k: v for k, v in (("args", cfg.args), ("runtimeConfig", {"ips": cfg.runtime.ips} if cfg.runtime.ips
                                                                        else None)) if v}
-    ipam_results = [
-        ipam.invoke("ADD", ipam=rail.ipam, network=net["name"], cni_version=cfg.cni_version,
-                    container_id=env.container_id, netns=env.netns, ifname=rail.ifname, cni_path=env.path,
-                    timeout=net["ipamTimeoutSeconds"], extra=extra)
-        for rail in plan
-    ]
+    ipam_results = []
+    for rail, rail_state in zip(plan, state["rails"]):
+        rail_state["ipamStarted"] = True  # from here on a rollback owes this rail an IPAM DEL
+        ipam_results.append(
+            ipam.invoke("ADD", ipam=rail.ipam, network=net["name"], cni_version=cfg.cni_version,
+                        container_id=env.container_id, netns=env.netns, ifname=rail.ifname, cni_path=env.path,
+                        timeout=net["ipamTimeoutSeconds"], extra=extra))
     addressings = [addressing.parse_ipam_result(r, rail.ifname) for r, rail in zip(ipam_results, plan)]
     for rail, parent in zip(plan, parents):
         mode.attach(host_sock, pod_fd, rail, parent, cfg.runtime.mac)
@@ -226,10 +229,12 @@ def _result(env: CniEnv, cfg: loader.Config, plan: list[rails.Rail], links: list
 # ---------------------------------------------------------------- DEL and teardown
 
 
-def _teardown(state: dict, env: CniEnv, cfg: loader.Config) -> list[str]:
+def _teardown(state: dict, env: CniEnv, cfg: loader.Config, rollback: bool = False) -> list[str]:
     """Undo an attachment from its state: pod links and rules, then every rail's IPAM allocation.
 
     Goes on past failures so that one stuck rail does not strand the others; returns them.
+    A rollback (same process as the failed ADD) knows which rails reached IPAM and releases
+    only those; DEL and GC release every rail (IPAM DEL of nothing is a no-op).
     """
     mode = modes.SharedMode(state.get("link", cfg.net["link"]), cfg.net["linkMode"])
     pod_fd = _open_pod_netns_if_alive(state.get("netns") or env.netns)
@@ -245,6 +250,8 @@ def _teardown(state: dict, env: CniEnv, cfg: loader.Config) -> list[str]:
         finally:
             os.close(pod_fd)
     for rail in state["rails"]:
+        if rollback and not rail.get("ipamStarted"):
+            continue
         try:
             ipam.invoke("DEL", ipam=rail["ipam"], network=state.get("network", cfg.net["name"]),
                         cni_version=cfg.cni_version, container_id=state.get("containerID", env.container_id),

@@ -7,6 +7,8 @@ RoCE netdev, also in other namespaces, and rdma_cm picks the GID whose ndev is t
 
 from __future__ import annotations
 
+import errno
+
 from rdma_netns.kernel import rtnl
 from rdma_netns.kernel.netlink import NetlinkError, NetlinkSocket
 from rdma_netns.rails import Rail
@@ -29,8 +31,11 @@ class SharedMode:
             rtnl.create_sublink(host_sock, kind=self.link_kind, mode=self.link_mode, parent_index=parent.index,
                                 name=rail.ifname, netns_fd=pod_netns_fd, mtu=rail.mtu or 0, mac=mac)
         except NetlinkError as exc:
-            if exc.errno == 17:  # EEXIST
+            if exc.errno == errno.EEXIST:
                 raise CniError(IFNAME_EXISTS, f"the pod already has an interface named {rail.ifname}") from None
+            if exc.errno == errno.EOPNOTSUPP:
+                raise CniError(KERNEL_REJECTED, f"this kernel cannot create {self.link_kind} links (built without "
+                               f"{self.link_kind}, or its module is missing)") from None
             raise CniError(KERNEL_REJECTED, f"cannot create {self.link_kind} {rail.ifname} on {rail.netdev}: "
                            f"{exc.strerror}") from None
 

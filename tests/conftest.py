@@ -1,0 +1,64 @@
+"""Shared test helpers: where the plugin under test is, and how to run it as a runtime does."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+CNI_BIN_DIR = os.environ.get("RDMA_NETNS_CNI_PATH", "/usr/lib/cni")
+
+
+def plugin_path() -> str:
+    """The installed rdma-netns executable (as a node would run it), not the source tree."""
+    explicit = os.environ.get("RDMA_NETNS_BIN")
+    if explicit:
+        return explicit
+    beside = Path(sys.executable).parent / "rdma-netns"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("rdma-netns")
+    if not found:
+        pytest.fail("rdma-netns is not installed: run scripts/setup.sh (or set RDMA_NETNS_BIN)")
+    return found
+
+
+class CniResult:
+    def __init__(self, proc: subprocess.CompletedProcess) -> None:
+        self.code = proc.returncode
+        self.stdout = proc.stdout.decode()
+        self.stderr = proc.stderr.decode()
+        self.json = json.loads(self.stdout) if self.stdout.strip() else None
+
+    def ok(self) -> dict | None:
+        assert self.code == 0, f"plugin failed: {self.stdout} {self.stderr}"
+        return self.json
+
+    def error(self, code: int) -> dict:
+        assert self.code != 0, f"expected error {code}, got success: {self.stdout}"
+        assert self.json is not None, f"error without JSON on stdout: {self.stderr}"
+        assert self.json["code"] == code, f"expected code {code}: {self.json}"
+        assert self.json["msg"], "error without a message"
+        assert "Traceback" not in self.stdout
+        return self.json
+
+
+def run_plugin(command: str, conf: dict | bytes | str, *, container_id: str = "c1", netns: str = "",
+               ifname: str = "net1", node_netns: str | None = None, cni_path: str = CNI_BIN_DIR,
+               extra_env: dict | None = None, timeout: float = 60) -> CniResult:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CNI_")}
+    env.update(CNI_COMMAND=command, CNI_CONTAINERID=container_id, CNI_NETNS=netns, CNI_IFNAME=ifname,
+               CNI_PATH=cni_path)
+    env.update(extra_env or {})
+    data = conf if isinstance(conf, bytes) else (conf if isinstance(conf, str) else json.dumps(conf)).encode()
+    cmd = [plugin_path()]
+    if node_netns:
+        cmd = ["ip", "netns", "exec", node_netns] + cmd
+    proc = subprocess.run(cmd, input=data, env=env, capture_output=True, timeout=timeout)
+    return CniResult(proc)
