@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,11 +16,8 @@ REPO = Path(__file__).resolve().parent.parent
 CNI_BIN_DIR = os.environ.get("RDMA_NETNS_CNI_PATH", "/usr/lib/cni")
 
 
-def plugin_path() -> str:
-    """The installed rdma-netns executable (as a node would run it), not the source tree."""
-    explicit = os.environ.get("RDMA_NETNS_BIN")
-    if explicit:
-        return explicit
+def installed_executable() -> str:
+    """The rdma-netns executable of the installed package (not the source tree)."""
     beside = Path(sys.executable).parent / "rdma-netns"
     if beside.exists():
         return str(beside)
@@ -27,6 +25,22 @@ def plugin_path() -> str:
     if not found:
         pytest.fail("rdma-netns is not installed: run scripts/setup.sh (or set RDMA_NETNS_BIN)")
     return found
+
+
+_launcher: list[str] = []
+
+
+def plugin_path() -> str:
+    """What the runtime executes: the launcher a node's CNI bin folder gets (install-launcher)."""
+    explicit = os.environ.get("RDMA_NETNS_BIN")
+    if explicit:
+        return explicit
+    if not _launcher:
+        folder = tempfile.mkdtemp(prefix="rdma-netns-cni-bin-")
+        dest = os.path.join(folder, "rdma-netns")
+        subprocess.run([installed_executable(), "install-launcher", dest], check=True, capture_output=True)
+        _launcher.append(dest)
+    return _launcher[0]
 
 
 class CniResult:

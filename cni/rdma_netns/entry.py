@@ -18,7 +18,11 @@ INTERNAL_ERROR = 999
 
 def main(argv: list[str] | None = None) -> int:
     if "CNI_COMMAND" in os.environ and not (argv or sys.argv[1:]):
-        return run_cni()
+        code = run_cni()
+        # The invocation is complete (output flushed, files closed): skip the interpreter's
+        # module-by-module teardown, a few milliseconds of every pod event.
+        sys.stderr.flush()
+        os._exit(code)
     from rdma_netns.admin.cli import main as admin_main
 
     return admin_main(argv)

@@ -5,10 +5,12 @@ Every invocation is a fresh process started the way a runtime starts it (env + s
 fresh pod namespace per iteration, so process start-up is included, as it is on a node. The
 plugins run inside a private "node" namespace with veth-backed rails, so the host is untouched.
 
-    sudo python3 integration/bench/cni_add_del.py [--iterations 30] [--json out.json]
+    sudo python3 integration/bench/cni_add_del.py --rdma-netns .venv/bin/rdma-netns [--iterations 40]
 
 Prints medians, p90 and the ratios the project tracks. Needs root, iproute2 and Debian's
-containernetworking-plugins (/usr/lib/cni); rdma-netns is taken from PATH or --plugin.
+containernetworking-plugins (/usr/lib/cni). rdma-netns runs through the launcher a node's CNI
+bin folder gets (`rdma-netns install-launcher`), written from the installed package given by
+--rdma-netns (default: the one on PATH).
 """
 
 from __future__ import annotations
@@ -140,7 +142,9 @@ def report(out: dict) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iterations", type=int, default=30)
-    parser.add_argument("--plugin", default=shutil.which("rdma-netns") or "rdma-netns")
+    parser.add_argument("--rdma-netns", default=shutil.which("rdma-netns") or "rdma-netns",
+                        help="the installed rdma-netns executable (its package is what gets measured)")
+    parser.add_argument("--plugin", help=argparse.SUPPRESS)  # the launcher, set by the outer run
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -148,15 +152,19 @@ def main() -> int:
         print("run as root: the benchmark creates network namespaces", file=sys.stderr)
         return 2
     if not args.inner:
+        bin_dir = tempfile.mkdtemp(prefix="rnbench-cni-bin-")
+        launcher = os.path.join(bin_dir, "rdma-netns")
+        subprocess.run([args.rdma_netns, "install-launcher", launcher], check=True, stdout=subprocess.DEVNULL)
         setup_node(rails=8)
         try:
             cmd = ["ip", "netns", "exec", NODE, sys.executable, os.path.abspath(__file__), "--inner",
-                   "--iterations", str(args.iterations), "--plugin", os.path.abspath(args.plugin)]
+                   "--iterations", str(args.iterations), "--plugin", launcher]
             if args.json:
                 cmd += ["--json", os.path.abspath(args.json)]
             return subprocess.run(cmd).returncode
         finally:
             subprocess.run(["ip", "netns", "del", NODE])
+            shutil.rmtree(bin_dir, ignore_errors=True)
     out = run_inside_node(args)
     report(out)
     if args.json:

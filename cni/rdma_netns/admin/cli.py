@@ -70,6 +70,18 @@ def _check_config(args: argparse.Namespace) -> int:
     return status
 
 
+def _install_launcher(args: argparse.Namespace) -> int:
+    from rdma_netns.admin import launcher
+
+    try:
+        launcher.install(args.dest)
+    except (OSError, ValueError) as exc:
+        print(f"install-launcher: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {args.dest}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rdma-netns",
@@ -85,6 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check-config", help="validate a conflist (or one plugin entry) against the config contract")
     p.add_argument("file")
     p.set_defaults(func=_check_config)
+    p = sub.add_parser("install-launcher", help="write the CNI executable for a CNI bin folder, e.g. "
+                       "/opt/cni/bin/rdma-netns (isolated, fast-starting Python)")
+    p.add_argument("dest")
+    p.set_defaults(func=_install_launcher)
     return parser
 
 

@@ -1,0 +1,47 @@
+"""Write the small executable a CNI bin folder gets (`rdma-netns install-launcher DEST`).
+
+The runtime executes /opt/cni/bin/rdma-netns once per pod event. This launcher starts Python
+isolated and without the site module (`-IS`: ~2 ms faster, and no PYTHON* variables or user
+site-packages from the runtime's environment can change what runs), then imports rdma-netns
+from the exact folder it is installed in.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import rdma_netns
+
+TEMPLATE = """#!{python} -IS
+# rdma-netns launcher, written by `rdma-netns install-launcher`; rewrite it after moving the install.
+import sys
+sys.path.insert(0, {packages!r})
+from rdma_netns.entry import main
+sys.exit(main())
+"""
+MAX_SHEBANG = 127  # Linux reads at most this much of a #! line on older kernels
+
+
+def render() -> str:
+    python = sys.executable
+    packages = os.path.dirname(os.path.dirname(os.path.abspath(rdma_netns.__file__)))
+    if len(f"#!{python} -IS") > MAX_SHEBANG or any(c.isspace() for c in python):
+        raise ValueError(f"the interpreter path {python!r} is too long or has spaces for a #! line")
+    return TEMPLATE.format(python=python, packages=packages)
+
+
+def install(dest: str) -> None:
+    """Write the launcher to `dest` atomically, mode 0755."""
+    text = render()
+    tmp = f"{dest}.tmp.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o755)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o755)
+        os.rename(tmp, dest)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

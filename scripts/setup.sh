@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Install everything rdma-netns needs on a Debian 12 machine, idempotently: Debian's CNI
+# reference plugins (host-local IPAM, and the Go plugins the benchmark compares against),
+# iproute2 and ping for the demo, and a virtual environment (.venv) with rdma-netns installed
+# the way a node gets it (a real install, byte-compiled; not an editable one).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "setup.sh: run as root (it installs Debian packages; the demo and tests create namespaces)" >&2
+  exit 2
+fi
+
+missing=()
+for pkg in containernetworking-plugins iproute2 iputils-ping; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup.sh: installing ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --disable-pip-version-check '.[test]'
+# Always replace the project itself, so the venv runs exactly this checkout.
+.venv/bin/python -m pip install -q --disable-pip-version-check --no-deps --force-reinstall .
+echo "setup.sh: ready ($(.venv/bin/rdma-netns --version))"

@@ -1,0 +1,57 @@
+"""The admin CLI and the shipped config examples."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from tests.conftest import REPO, installed_executable, plugin_path
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    env = {"PATH": "/usr/bin:/bin"}
+    return subprocess.run([plugin_path(), *args], capture_output=True, text=True, env=env)
+
+
+def test_help_and_version():
+    out = run("--help")
+    assert out.returncode == 0 and "CNI plugin" in out.stdout
+    assert run("--version").stdout.startswith("rdma-netns ")
+
+
+def test_every_shipped_conflist_validates():
+    files = sorted((REPO / "conf").glob("*.conflist"))
+    assert files
+    for f in files:
+        out = run("check-config", str(f))
+        assert out.returncode == 0, out.stderr
+
+
+def test_check_config_names_the_bad_field(tmp_path: Path):
+    bad = tmp_path / "bad.conflist"
+    bad.write_text(json.dumps({"cniVersion": "1.1.0", "name": "x",
+                               "plugins": [{"type": "rdma-netns", "ipam": {"type": "host-local"}, "railz": 1}]}))
+    out = run("check-config", str(bad))
+    assert out.returncode == 1 and "railz: unknown field" in out.stderr
+
+
+def test_devices_json_is_a_list():
+    out = run("devices", "--json")
+    assert out.returncode == 0 and isinstance(json.loads(out.stdout), list)
+
+
+def test_launcher_is_isolated_and_runs_the_installed_package(tmp_path: Path):
+    dest = tmp_path / "rdma-netns"
+    out = subprocess.run([installed_executable(), "install-launcher", str(dest)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    first = dest.read_text().splitlines()[0]
+    assert first.startswith("#!/") and first.endswith(" -IS")
+    assert dest.stat().st_mode & 0o777 == 0o755
+    # PYTHONPATH from the runtime's environment cannot redirect the import.
+    evil = tmp_path / "evil" / "rdma_netns"
+    evil.mkdir(parents=True)
+    (evil / "__init__.py").write_text("raise SystemExit('hijacked')")
+    version = subprocess.run([str(dest)], input=b"{}", capture_output=True,
+                             env={"CNI_COMMAND": "VERSION", "PYTHONPATH": str(evil.parent)})
+    assert version.returncode == 0 and json.loads(version.stdout)["supportedVersions"]

@@ -1,0 +1,93 @@
+"""The config contract (pydantic model) and the cached loader in front of it."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from rdma_netns.config import loader, model
+from rdma_netns.spec.errors import CniError
+
+IPAM = {"type": "host-local", "ranges": [[{"subnet": "fd00:1::/64"}]]}
+
+
+def conf(**kw):
+    base = {"cniVersion": "1.1.0", "name": "rdma", "type": "rdma-netns", "rails": [{"netdev": "eth1", "ipam": IPAM}]}
+    base.update(kw)
+    return base
+
+
+def test_defaults_are_filled_in():
+    net = model.validate(conf())
+    assert net["mode"] == "auto" and net["link"] == "macvlan" and net["linkMode"] == "bridge"
+    assert net["requireRdma"] is True and net["stateDir"] == "/var/lib/cni/rdma-netns"
+    assert net["rails"][0]["rdmaDevice"] is None
+    assert model.validate(conf(link="ipvlan"))["linkMode"] == "l2"
+
+
+def test_runtime_keys_are_not_part_of_the_contract():
+    model.validate(conf(args={"cni": {}}, runtimeConfig={"mac": "x"}, prevResult={},
+                        **{"cni.dev/valid-attachments": []}))
+
+
+@pytest.mark.parametrize("bad,field", [
+    ({"bogus": 1}, "bogus"),
+    ({"rails": [{"netdev": "eth1", "ipam": IPAM, "extra": 1}]}, "rails.0.extra"),
+    ({"rails": [{"ipam": IPAM}]}, "rails.0"),
+    ({"rails": [{"netdev": "a", "ifname": "x", "ipam": IPAM}, {"netdev": "b", "ifname": "x", "ipam": IPAM}]},
+     "duplicate"),
+    ({"ipam": None, "rails": None}, "ipam"),
+    ({"gidWaitMs": -1}, "gidWaitMs"),
+    ({"ipam": {"type": "a/b"}}, "ipam.type"),
+])
+def test_errors_name_the_field(bad, field):
+    with pytest.raises(Exception) as err:
+        model.validate(conf(**bad))
+    assert field in model.describe_errors(err.value)
+
+
+def test_loader_caches_the_verdict(tmp_path):
+    state = str(tmp_path / "st")
+    raw = conf(stateDir=state)
+    first = loader.load(dict(raw, runtimeConfig={"mac": "02:00:00:00:00:01"}))
+    cache_dir = tmp_path / "st" / "verified-configs"
+    (entry,) = list(cache_dir.iterdir())
+    assert stat.S_IMODE(entry.stat().st_mode) == 0o600
+    assert stat.S_IMODE(cache_dir.stat().st_mode) == 0o700
+    # Another invocation of the same network (different runtime keys) reads the cache.
+    second = loader.load(dict(raw, runtimeConfig={"deviceID": "0000:3b:00.0"}))
+    assert second.net == first.net
+    assert second.runtime.device_id == "0000:3b:00.0" and first.runtime.mac == "02:00:00:00:00:01"
+    # Key order does not matter; content does.
+    reordered = dict(reversed(list(raw.items())))
+    loader.load(reordered)
+    assert len(list(cache_dir.iterdir())) == 1
+    loader.load(dict(raw, gidWaitMs=10))
+    assert len(list(cache_dir.iterdir())) == 2
+
+
+def test_invalid_config_is_never_cached(tmp_path):
+    state = str(tmp_path / "st")
+    with pytest.raises(CniError) as err:
+        loader.load(conf(stateDir=state, bogus=True))
+    assert err.value.code == 7
+    assert not (tmp_path / "st" / "verified-configs").exists() or not os.listdir(tmp_path / "st" / "verified-configs")
+
+
+def test_a_tampered_cache_entry_is_not_trusted_blindly(tmp_path):
+    """A garbage cache file reads as missing, so the config is validated again."""
+    state = str(tmp_path / "st")
+    loader.load(conf(stateDir=state))
+    (entry,) = list((tmp_path / "st" / "verified-configs").iterdir())
+    entry.write_text("garbage")
+    assert loader.load(conf(stateDir=state)).net["name"] == "rdma"
+
+
+def test_gc_attachments_parsed():
+    cfg = loader.load(conf(stateDir="/nonexistent-for-test", **{
+        "cni.dev/valid-attachments": [{"containerID": "a", "ifname": "eth0"}]}))
+    assert cfg.valid_attachments == {("a", "eth0")}
+    with pytest.raises(CniError):
+        loader.load(conf(**{"cni.dev/valid-attachments": [{"containerID": 1}]}))

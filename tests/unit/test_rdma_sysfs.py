@@ -1,0 +1,126 @@
+"""RDMA lookups through sysfs, on a fake sysfs tree laid out like the kernel's.
+
+The real-kernel suite checks the same code against Soft-RoCE devices; this pins the layout
+rules (mlx5-style PCI netdevs, rxe-style parent files, GID matching by content and type).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from rdma_netns import rails
+from rdma_netns.kernel import rdma_sysfs
+from rdma_netns.kernel.inet import Prefix
+from rdma_netns.spec.errors import CniError
+
+
+def write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text + "\n")
+
+
+@pytest.fixture
+def sysfs(tmp_path, monkeypatch):
+    root = tmp_path / "sys"
+    # mlx5_0 on PCI 0000:3b:00.0 with netdev ens1f0; rxe0 (soft) on netdev veth0.
+    pci = root / "devices/pci0000:00/0000:3b:00.0"
+    (pci / "net/ens1f0").mkdir(parents=True)
+    ib = root / "class/infiniband"
+    (ib / "mlx5_0").mkdir(parents=True)
+    os.symlink(pci, ib / "mlx5_0/device")
+    (root / "bus/pci/devices").mkdir(parents=True)
+    os.symlink(pci, root / "bus/pci/devices/0000:3b:00.0")
+    write(ib / "rxe0/parent", "veth0")
+    for dev, ndev in (("mlx5_0", "ens1f0"), ("rxe0", "veth0")):
+        port = ib / dev / "ports/1"
+        for i in range(4):
+            write(port / f"gids/{i}", "0000:0000:0000:0000:0000:0000:0000:0000")
+            write(port / f"gid_attrs/types/{i}", "RoCE v2")
+            write(port / f"gid_attrs/ndevs/{i}", ndev)
+        write(port / "gids/0", "fe80:0000:0000:0000:0000:00ff:fe00:0001")
+        write(port / "gids/2", "fd00:0001:0000:0000:0000:0000:0000:0005")
+        write(port / "gid_attrs/types/1", "IB/RoCE v1")
+        write(port / "gids/1", "fd00:0001:0000:0000:0000:0000:0000:0005")
+        write(port / "gid_attrs/ndevs/2", "rdma0")
+    write(root / "module/ib_core/parameters/netns_mode", "Y")
+    monkeypatch.setattr(rdma_sysfs, "SYSFS", str(root))
+    return root
+
+
+def test_devices_and_netdevs(sysfs):
+    assert rdma_sysfs.devices() == ["mlx5_0", "rxe0"]
+    assert rdma_sysfs.netdevs_of_device("mlx5_0") == ["ens1f0"]
+    assert rdma_sysfs.netdevs_of_device("rxe0") == ["veth0"]
+    assert rdma_sysfs.device_of_netdev("veth0") == rdma_sysfs.RdmaPort("rxe0", 1)
+    assert rdma_sysfs.device_of_netdev("eth9") is None
+    assert rdma_sysfs.netdevs_of_pci("0000:3b:00.0") == ["ens1f0"]
+    assert rdma_sysfs.pci_address_of_device("mlx5_0") == "0000:3b:00.0"
+
+
+def test_netns_mode_follows_the_live_parameter(sysfs):
+    assert rdma_sysfs.netns_mode() == "shared"
+    write(sysfs / "module/ib_core/parameters/netns_mode", "N")
+    assert rdma_sysfs.netns_mode() == "exclusive"
+
+
+def test_gid_found_by_content_and_roce_v2_type(sysfs):
+    entry = rdma_sysfs.find_gid(rdma_sysfs.RdmaPort("rxe0", 1), Prefix.parse("fd00:1::5"))
+    assert (entry.index, entry.gid_type, entry.ndev) == (2, "RoCE v2", "rdma0")  # index 1 is RoCE v1
+    assert rdma_sysfs.find_gid(rdma_sysfs.RdmaPort("rxe0", 1), Prefix.parse("fd00:1::6")) is None
+
+
+def test_ipv4_gid_text_is_mapped():
+    assert rdma_sysfs.gid_text(Prefix.parse("10.0.0.1")) == "0000:0000:0000:0000:0000:ffff:0a00:0001"
+
+
+def net(**kw):
+    base = {"rails": None, "ipam": {"type": "host-local"}, "requireRdma": True, "mtu": None}
+    base.update(kw)
+    return base
+
+
+def rail(**kw):
+    base = {"netdev": None, "rdmaDevice": None, "pciAddress": None, "ifname": None, "ipam": None, "mtu": None}
+    base.update(kw)
+    return base
+
+
+def test_plan_discovers_every_rdma_netdev(sysfs):
+    plan = rails.plan(net(), "net1", None, chained=False)
+    assert [(r.netdev, r.ifname, r.rdma.device) for r in plan] == [("ens1f0", "rdma0", "mlx5_0"),
+                                                                    ("veth0", "rdma1", "rxe0")]
+
+
+def test_plan_resolves_rdma_device_and_pci(sysfs):
+    plan = rails.plan(net(rails=[rail(rdmaDevice="rxe0"), rail(pciAddress="0000:3b:00.0", ifname="r1")]), "net1",
+                      None, chained=False)
+    assert [(r.netdev, r.ifname) for r in plan] == [("veth0", "rdma0"), ("ens1f0", "r1")]
+
+
+def test_single_rail_takes_cni_ifname_unless_chained(sysfs):
+    assert rails.plan(net(rails=[rail(netdev="veth0")]), "net1", None, chained=False)[0].ifname == "net1"
+    assert rails.plan(net(rails=[rail(netdev="veth0")]), "eth0", None, chained=True)[0].ifname == "rdma0"
+
+
+def test_device_id_narrows_to_one_rail(sysfs):
+    both = [rail(netdev="veth0"), rail(netdev="ens1f0")]
+    plan = rails.plan(net(rails=both), "net1", "0000:3b:00.0", chained=False)
+    assert [r.netdev for r in plan] == ["ens1f0"]
+    with pytest.raises(CniError) as err:
+        rails.plan(net(rails=both), "net1", "0000:99:00.0", chained=False)
+    assert err.value.code == 101
+
+
+def test_rail_without_rdma_device_is_refused(sysfs):
+    with pytest.raises(CniError) as err:
+        rails.plan(net(rails=[rail(netdev="eth9")]), "net1", None, chained=False)
+    assert err.value.code == 104
+    assert rails.plan(net(rails=[rail(netdev="eth9")], requireRdma=False), "n", None, False)[0].rdma is None
+
+
+def test_duplicate_netdevs_refused(sysfs):
+    with pytest.raises(CniError):
+        rails.plan(net(rails=[rail(netdev="veth0"), rail(rdmaDevice="rxe0")]), "n", None, False)
