@@ -30,11 +30,25 @@ def delegate_version(cni_version: str) -> str:
     return cni_version if versions.parse(cni_version) <= versions.parse(MAX_DELEGATE_VERSION) else MAX_DELEGATE_VERSION
 
 
+def speaks_1_1(ipam: dict, cni_path: list[str], timeout: float) -> bool:
+    """Does this IPAM plugin implement spec 1.1 (STATUS, GC)? Asked with VERSION."""
+    plugin = find_plugin(ipam["type"], cni_path)
+    try:
+        proc = execplugin.run(plugin, b'{"cniVersion":"1.1.0"}', dict(os.environ, CNI_COMMAND="VERSION"), timeout)
+        return "1.1.0" in jsonio.loads(proc.stdout).get("supportedVersions", [])
+    except (execplugin.TimedOut, OSError, ValueError, AttributeError):
+        return False
+
+
 def invoke(command: str, *, ipam: dict, network: str, cni_version: str, container_id: str, netns: str,
            ifname: str, cni_path: list[str], timeout: float, extra: dict | None = None) -> dict | None:
-    """Run the IPAM plugin for one command; its parsed result for ADD, None otherwise."""
+    """Run the IPAM plugin for one command; its parsed result for ADD, None otherwise.
+
+    STATUS and GC exist only in spec 1.1 and are sent as 1.1.0 (callers check speaks_1_1).
+    """
     plugin = find_plugin(ipam["type"], cni_path)
-    conf: dict[str, object] = {"cniVersion": delegate_version(cni_version), "name": network, "ipam": ipam}
+    version = "1.1.0" if command in ("STATUS", "GC") else delegate_version(cni_version)
+    conf: dict[str, object] = {"cniVersion": version, "name": network, "ipam": ipam}
     if extra:
         conf.update(extra)
     env = dict(os.environ)

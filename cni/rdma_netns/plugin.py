@@ -366,8 +366,16 @@ def _check_rail(pod_sock: NetlinkSocket, mode: modes.SharedMode, rail: dict, res
 # ---------------------------------------------------------------- STATUS and GC
 
 
+def _distinct_ipams(ipams: list[dict]) -> list[dict]:
+    out: list[dict] = []
+    for conf in ipams:
+        if conf not in out:
+            out.append(conf)
+    return out
+
+
 def cmd_status(env: CniEnv, cfg: loader.Config) -> None:
-    """Can ADD work now? Rails present and up, kernel mode right, IPAM plugins installed."""
+    """Can ADD work now? Rails present and up, kernel mode right, IPAM plugins there and ready."""
     net = cfg.net
     try:
         modes.select(net)
@@ -375,8 +383,10 @@ def cmd_status(env: CniEnv, cfg: loader.Config) -> None:
         with NetlinkSocket() as sock:
             for rail in plan:
                 _host_parent(sock, rail)
-        for rail in plan:
-            ipam.find_plugin(rail.ipam["type"], env.path)
+        for conf in _distinct_ipams([rail.ipam for rail in plan]):
+            if ipam.speaks_1_1(conf, env.path, net["ipamTimeoutSeconds"]):
+                ipam.invoke("STATUS", ipam=conf, network=net["name"], cni_version=cfg.cni_version, container_id="",
+                            netns="", ifname="", cni_path=env.path, timeout=net["ipamTimeoutSeconds"])
     except CniError as exc:
         raise CniError(NOT_AVAILABLE, exc.msg, exc.details) from None
 
@@ -403,3 +413,28 @@ def cmd_gc(env: CniEnv, cfg: loader.Config) -> None:
                 log(f"GC of {container_id}/{ifname} incomplete: {'; '.join(errors)}")
             else:
                 store.delete(container_id, ifname)
+    _gc_ipam(env, cfg, store)
+
+
+def _gc_ipam(env: CniEnv, cfg: loader.Config, store: StateStore) -> None:
+    """Pass GC on to 1.1-capable IPAM plugins, in their terms: IPAM knows each rail as its own
+    attachment (containerID, rail ifname), so the runtime's list is translated rail by rail."""
+    net = cfg.net
+    valid: list[dict] = []
+    ipams: list[dict] = []
+    for container_id, ifname in store.attachments():
+        state = store.load(container_id, ifname)
+        for rail in (state or {}).get("rails", []):
+            valid.append({"containerID": container_id, "ifname": rail["ifname"]})
+            ipams.append(rail["ipam"])
+    ipams.extend(e.get("ipam") or net["ipam"] for e in (net["rails"] or []))
+    if net["ipam"]:
+        ipams.append(net["ipam"])
+    for conf in _distinct_ipams([c for c in ipams if c]):
+        try:
+            if ipam.speaks_1_1(conf, env.path, net["ipamTimeoutSeconds"]):
+                ipam.invoke("GC", ipam=conf, network=net["name"], cni_version=cfg.cni_version, container_id="",
+                            netns="", ifname="", cni_path=env.path, timeout=net["ipamTimeoutSeconds"],
+                            extra={"cni.dev/valid-attachments": valid})
+        except CniError as exc:
+            log(f"GC: IPAM {conf.get('type')} GC failed: {exc.msg}")

@@ -92,8 +92,7 @@ def kernel_has_ipvlan() -> bool:
         ip("netns", "del", "rnt-ipvlan-probe", check=False)
 
 
-@pytest.mark.skipif(not kernel_has_ipvlan(), reason="this kernel is built without ipvlan (the real-kernel "
-                    "suite covers ipvlan)")
+@pytest.mark.skipif(not kernel_has_ipvlan(), reason="this kernel is built without ipvlan (CONFIG_IPVLAN off)")
 def test_ipvlan_link(node):
     pod = node.pod()
     node.cni("ADD", node.conf(link="ipvlan"), pod).ok()

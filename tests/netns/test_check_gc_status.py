@@ -92,3 +92,64 @@ def test_status(node):
 def test_version(node):
     result = node.cni("VERSION", {"cniVersion": "1.1.0"}).ok()
     assert result["supportedVersions"] == ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]
+
+
+FAKE_IPAM_11 = r'''#!/usr/bin/env python3
+# A spec-1.1 IPAM stand-in: leases fd00:1::<n> from a counter, records STATUS and GC calls.
+import json, os, sys
+log = os.environ["FAKE_IPAM_LOG"]
+conf = json.load(sys.stdin)
+cmd = os.environ["CNI_COMMAND"]
+with open(log, "a") as f:
+    f.write(json.dumps({"cmd": cmd, "ifname": os.environ.get("CNI_IFNAME"), "conf": conf}) + "\n")
+if cmd == "VERSION":
+    print(json.dumps({"cniVersion": "1.1.0", "supportedVersions": ["1.0.0", "1.1.0"]}))
+elif cmd == "ADD":
+    n = sum(1 for _ in open(log))
+    print(json.dumps({"cniVersion": conf["cniVersion"], "ips": [{"address": f"fd00:1::{n:x}/64"}]}))
+elif cmd == "STATUS" and os.path.exists(log + ".broken"):
+    print(json.dumps({"cniVersion": "1.1.0", "code": 50, "msg": "address pool unreachable"}))
+    sys.exit(1)
+'''
+
+
+@pytest.fixture
+def fake_ipam(tmp_path):
+    folder = tmp_path / "cni-bin"
+    folder.mkdir()
+    plugin = folder / "fake-ipam"
+    plugin.write_text(FAKE_IPAM_11)
+    plugin.chmod(0o755)
+    log = tmp_path / "ipam.log"
+    return folder, log
+
+
+def ipam_calls(log, cmd):
+    import json
+    return [json.loads(line) for line in log.read_text().splitlines() if json.loads(line)["cmd"] == cmd]
+
+
+def test_status_and_gc_reach_a_1_1_ipam(node, fake_ipam):
+    folder, log = fake_ipam
+    conf = node.conf(rails=2)
+    for rail in conf["rails"]:
+        rail["ipam"] = {"type": "fake-ipam"}
+    env = {"FAKE_IPAM_LOG": str(log)}
+    path = f"{folder}:/usr/lib/cni"
+    node.cni("STATUS", conf, cni_path=path, extra_env=env).ok()
+    assert len(ipam_calls(log, "STATUS")) == 1, "one STATUS per distinct IPAM config"
+    (log.parent / (log.name + ".broken")).write_text("")
+    err = node.cni("STATUS", conf, cni_path=path, extra_env=env).error(50)
+    assert "address pool unreachable" in err["msg"]
+
+    keep, gone = node.pod(), node.pod()
+    node.cni("ADD", conf, keep, container_id="keep", cni_path=path, extra_env=env).ok()
+    node.cni("ADD", conf, gone, container_id="gone", cni_path=path, extra_env=env).ok()
+    gc = dict(conf, **{"cni.dev/valid-attachments": [{"containerID": "keep", "ifname": "net1"}]})
+    node.cni("GC", gc, cni_path=path, extra_env=env).ok()
+    dels = ipam_calls(log, "DEL")
+    assert sorted(d["ifname"] for d in dels) == ["rdma0", "rdma1"], "the stale pod's two rails were released"
+    (call,) = ipam_calls(log, "GC")
+    assert call["conf"]["cniVersion"] == "1.1.0"
+    assert sorted(a["ifname"] for a in call["conf"]["cni.dev/valid-attachments"]) == ["rdma0", "rdma1"]
+    assert {a["containerID"] for a in call["conf"]["cni.dev/valid-attachments"]} == {"keep"}

@@ -124,3 +124,24 @@ def test_rail_without_rdma_device_is_refused(sysfs):
 def test_duplicate_netdevs_refused(sysfs):
     with pytest.raises(CniError):
         rails.plan(net(rails=[rail(netdev="veth0"), rail(rdmaDevice="rxe0")]), "n", None, False)
+
+
+def test_mode_follows_or_checks_the_kernel():
+    from rdma_netns import modes
+
+    assert modes.effective_mode("auto", "exclusive") == "exclusive"
+    assert modes.effective_mode("auto", None) == "shared"
+    assert modes.effective_mode("shared", "shared") == "shared"
+    assert modes.effective_mode("shared", None) == "shared"  # no RDMA core: plain netdevs
+    with pytest.raises(CniError) as err:
+        modes.effective_mode("shared", "exclusive")
+    assert err.value.code == 103 and "netns_mode=1" in err.value.details
+
+
+def test_status_refuses_a_shared_network_on_an_exclusive_kernel(sysfs):
+    from rdma_netns import modes
+
+    write(sysfs / "module/ib_core/parameters/netns_mode", "N")
+    with pytest.raises(CniError) as err:
+        modes.select({"mode": "shared", "link": "macvlan", "linkMode": "bridge"})
+    assert err.value.code == 103

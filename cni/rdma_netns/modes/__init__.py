@@ -19,8 +19,8 @@ def effective_mode(configured: str, kernel: str | None) -> str:
         raise CniError(
             WRONG_RDMA_MODE,
             f"this network is configured for {configured} RDMA mode but the kernel's RDMA netns mode is {kernel}",
-            f"switch the node with `rdma-netns mode set {configured} --persist` (takes effect when no other "
-            "network namespace exists, e.g. at boot), or set \"mode\" to \"auto\"",
+            f"set the node's mode at boot with `options ib_core netns_mode={1 if configured == 'shared' else 0}` "
+            "in /etc/modprobe.d (a change needs no other network namespace to exist), or set \"mode\" to \"auto\"",
         )
     return configured
 
