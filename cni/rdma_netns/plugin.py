@@ -172,7 +172,7 @@ def _add_rails(env: CniEnv, cfg: loader.Config, mode: modes.SharedMode, plan: li
     gids = _wait_for_gids(plan, addressings, net["gidWaitMs"] / 1000)
     for rail_state, gid in zip(state["rails"], gids):
         rail_state["gidIndexes"] = gid
-    return _result(env, cfg, plan, links, addressings, gids)
+    return _result(env, cfg, plan, links, addressings)
 
 
 def _wait_for_gids(plan: list[rails.Rail], addressings: list[addressing.RailAddressing],
@@ -187,7 +187,7 @@ def _wait_for_gids(plan: list[rails.Rail], addressings: list[addressing.RailAddr
                 continue
             while (entry := rdma_sysfs.find_gid(rail.rdma, address.ip)) is None:
                 if time.monotonic() > deadline:
-                    raise CniError(NO_RDMA, f"no RoCE v2 GID for {address.ip} appeared on {rail.rdma.device} port "
+                    raise CniError(NO_RDMA, f"no RoCE v2 GID for {address.address_text()} appeared on {rail.rdma.device} port "
                                    f"{rail.rdma.port} (rail {rail.ifname} on {rail.netdev})",
                                    "is the netdev really the RoCE port of that device?")
                 time.sleep(0.002)
@@ -197,7 +197,7 @@ def _wait_for_gids(plan: list[rails.Rail], addressings: list[addressing.RailAddr
 
 
 def _result(env: CniEnv, cfg: loader.Config, plan: list[rails.Rail], links: list[rtnl.Link],
-            addressings: list[addressing.RailAddressing], gids: list[list[int]]) -> dict:
+            addressings: list[addressing.RailAddressing]) -> dict:
     prev = versions.format_result(cfg.prev_result, versions.LATEST) if cfg.prev_result else {}
     interfaces = list(prev.get("interfaces", []))
     ips = list(prev.get("ips", []))
@@ -360,7 +360,7 @@ def _check_rail(pod_sock: NetlinkSocket, mode: modes.SharedMode, rail: dict, res
         port = rdma_sysfs.RdmaPort(rail["rdmaDevice"], rail["port"])
         for address, _gw in plan_ip.addresses:
             if rdma_sysfs.find_gid(port, address.ip) is None:
-                raise CniError(CHECK_FAILED, f"the RoCE v2 GID of {address.ip} is gone from {port.device}")
+                raise CniError(CHECK_FAILED, f"the RoCE v2 GID of {address.address_text()} is gone from {port.device}")
 
 
 # ---------------------------------------------------------------- STATUS and GC
