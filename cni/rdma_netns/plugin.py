@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from _socket import AF_INET, AF_INET6
 
 from rdma_netns import addressing, ipam, modes, rails
 from rdma_netns.config import loader
 from rdma_netns.kernel import netns, rdma_sysfs, rtnl
 from rdma_netns.kernel.netlink import NetlinkError, NetlinkSocket
+from rdma_netns.modes import exclusive
 from rdma_netns.spec import versions
 from rdma_netns.spec.env import CniEnv
 from rdma_netns.spec.errors import (
@@ -80,11 +80,12 @@ def _rail_routing(net: dict, link: rtnl.Link) -> tuple[int, int]:
     return net["routeTableBase"] + link.index, net["rulePriorityBase"]
 
 
-def _host_parent(sock: NetlinkSocket, rail: rails.Rail) -> rtnl.Link:
+def _host_parent(sock: NetlinkSocket, rail: rails.Rail, mode: modes.Mode) -> rtnl.Link:
+    """The rail's netdev in the host; a shared-mode parent must be up (its pods' links follow it)."""
     link = rtnl.get_link(sock, rail.netdev)
     if link is None:
         raise CniError(RAIL_UNAVAILABLE, f"rail netdev {rail.netdev} does not exist in the host namespace")
-    if not link.flags & rtnl.IFF_UP:
+    if mode.name == "shared" and not link.flags & rtnl.IFF_UP:
         raise CniError(RAIL_UNAVAILABLE, f"rail netdev {rail.netdev} is down")
     return link
 
@@ -109,17 +110,20 @@ def cmd_add(env: CniEnv, cfg: loader.Config) -> dict:
             store.delete(env.container_id, env.ifname)
         pod_fd = _open_pod_netns(env.netns)
         try:
+            if mode.name == "exclusive" and chained:
+                return _add_rdma_device_only(env, cfg, store, pod_fd)
             plan = rails.plan(net, env.ifname, cfg.runtime.device_id, chained)
             if (cfg.runtime.mac or cfg.runtime.ips) and len(plan) != 1:
                 raise CniError(INVALID_CONFIG, "runtimeConfig mac/ips need a single-rail attachment")
             for rail in plan:  # every IPAM plugin must be there before anything changes
                 ipam.find_plugin(rail.ipam["type"], env.path)
             with NetlinkSocket() as host_sock:
-                parents = [_host_parent(host_sock, rail) for rail in plan]
+                parents = [_host_parent(host_sock, rail, mode) for rail in plan]
                 state = {
                     "format": STATE_FORMAT, "phase": "adding", "mode": mode.name, "link": mode.link_kind,
                     "containerID": env.container_id, "ifname": env.ifname, "netns": env.netns,
-                    "network": net["name"], "rails": [r.to_state() for r in plan],
+                    "network": net["name"],
+                    "rails": [r.to_state() | mode.prepare(r, p) for r, p in zip(plan, parents)],
                 }
                 store.save(env.container_id, env.ifname, state)
                 try:
@@ -135,6 +139,46 @@ def cmd_add(env: CniEnv, cfg: loader.Config) -> dict:
             os.close(pod_fd)
 
 
+def _add_rdma_device_only(env: CniEnv, cfg: loader.Config, store: StateStore, pod_fd: int) -> dict:
+    """Exclusive mode chained after a plugin that already moved the netdev (sriov, host-device):
+    move only the RDMA device into the pod and pass the previous result on."""
+    prev = versions.format_result(cfg.prev_result, versions.LATEST)
+    if not any(i.get("name") == env.ifname and i.get("sandbox") for i in prev.get("interfaces", [])):
+        raise CniError(INVALID_CONFIG, f"chained exclusive mode needs the previous plugin's pod interface "
+                       f"{env.ifname} in prevResult")
+    device = _rdma_device_for_chained(cfg)
+    state = {"format": STATE_FORMAT, "phase": "adding", "mode": "exclusive", "link": "rdma-device",
+             "containerID": env.container_id, "ifname": env.ifname, "netns": env.netns, "network": cfg.net["name"],
+             "rails": [{"ifname": env.ifname, "rdmaDevice": device, "rdmaOnly": True, "ipam": None}]}
+    store.save(env.container_id, env.ifname, state)
+    try:
+        exclusive.move_rdma_device(device, pod_fd)
+    except BaseException:
+        _rollback(state, env, cfg, store)
+        raise
+    for iface in prev.get("interfaces", []):
+        if iface.get("name") == env.ifname and iface.get("sandbox"):
+            iface["pciID"] = rdma_sysfs.pci_address_of_device(device) or device
+    state["phase"] = "ready"
+    state["result"] = prev
+    store.save(env.container_id, env.ifname, state)
+    return prev
+
+
+def _rdma_device_for_chained(cfg: loader.Config) -> str:
+    """Chained, the netdev is already in the pod: the RDMA device comes from deviceID or the config."""
+    entries = cfg.net["rails"] or []
+    candidates = [cfg.runtime.device_id] if cfg.runtime.device_id else \
+        [e.get("rdmaDevice") or e.get("pciAddress") for e in entries[:1]]
+    for candidate in filter(None, candidates):
+        device = rdma_sysfs.device_by_id(candidate)
+        if device:
+            return device
+        raise CniError(RAIL_UNAVAILABLE, f"no RDMA device {candidate} (or on PCI device {candidate}) on this node")
+    raise CniError(INVALID_CONFIG, "chained exclusive mode needs runtimeConfig.deviceID or a rail with rdmaDevice "
+                   "or pciAddress to know which RDMA device to move")
+
+
 def _rollback(state: dict, env: CniEnv, cfg: loader.Config, store: StateStore) -> None:
     errors = _teardown(state, env, cfg, rollback=True)
     if errors:  # keep the state: a later DEL retries what is left
@@ -143,7 +187,7 @@ def _rollback(state: dict, env: CniEnv, cfg: loader.Config, store: StateStore) -
         store.delete(env.container_id, env.ifname)
 
 
-def _add_rails(env: CniEnv, cfg: loader.Config, mode: modes.SharedMode, plan: list[rails.Rail],
+def _add_rails(env: CniEnv, cfg: loader.Config, mode: modes.Mode, plan: list[rails.Rail],
                parents: list[rtnl.Link], host_sock: NetlinkSocket, pod_fd: int, state: dict) -> dict:
     net = cfg.net
     extra = {k: v for k, v in (("args", cfg.args), ("runtimeConfig", {"ips": cfg.runtime.ips} if cfg.runtime.ips
@@ -169,30 +213,39 @@ def _add_rails(env: CniEnv, cfg: loader.Config, mode: modes.SharedMode, plan: li
             except NetlinkError as exc:
                 raise CniError(KERNEL_REJECTED, f"configuring {rail.ifname}: {exc.strerror}") from None
             links.append(link)
-    gids = _wait_for_gids(plan, addressings, net["gidWaitMs"] / 1000)
+    gids = _wait_for_gids(plan, addressings, net["gidWaitMs"] / 1000,
+                          pod_fd if mode.name == "exclusive" else None)
     for rail_state, gid in zip(state["rails"], gids):
         rail_state["gidIndexes"] = gid
     return _result(env, cfg, plan, links, addressings)
 
 
-def _wait_for_gids(plan: list[rails.Rail], addressings: list[addressing.RailAddressing],
-                   timeout: float) -> list[list[int]]:
-    """Each rail address must show up as a RoCE v2 GID of the rail's RDMA port (briefly awaited)."""
-    deadline = time.monotonic() + timeout
-    found: list[list[int]] = []
-    for rail, plan_ip in zip(plan, addressings):
-        indexes = []
-        for address, _gw in plan_ip.addresses:
-            if rail.rdma is None:
-                continue
-            while (entry := rdma_sysfs.find_gid(rail.rdma, address.ip)) is None:
-                if time.monotonic() > deadline:
-                    raise CniError(NO_RDMA, f"no RoCE v2 GID for {address.address_text()} appeared on {rail.rdma.device} port "
-                                   f"{rail.rdma.port} (rail {rail.ifname} on {rail.netdev})",
-                                   "is the netdev really the RoCE port of that device?")
-                time.sleep(0.002)
-            indexes.append(entry.index)
-        found.append(indexes)
+def _wait_for_gids(plan: list[rails.Rail], addressings: list[addressing.RailAddressing], timeout: float,
+                   pod_view_fd: int | None) -> list[list[int]]:
+    """Each rail address must show up as a RoCE v2 GID of the rail's RDMA port (briefly awaited).
+
+    pod_view_fd: in exclusive mode the RDMA devices live in the pod, and only a sysfs mounted
+    there shows them, so the lookup runs in a child with that view.
+    """
+    wanted = [(rail.rdma.device, rail.rdma.port, address.address_text(), i)
+              for i, (rail, plan_ip) in enumerate(zip(plan, addressings)) if rail.rdma is not None
+              for address, _gw in plan_ip.addresses]
+    if not wanted:
+        return [[] for _ in plan]
+    query = [w[:3] for w in wanted]
+    if pod_view_fd is None:
+        indexes = rdma_sysfs.wait_for_gids(query, timeout)
+    else:
+        from rdma_netns.kernel import netns_sysfs
+
+        indexes = netns_sysfs.call_in_pod_view(pod_view_fd, lambda: rdma_sysfs.wait_for_gids(query, timeout))
+    found: list[list[int]] = [[] for _ in plan]
+    for (device, port, address, rail_index), index in zip(wanted, indexes):
+        if index is None:
+            rail = plan[rail_index]
+            raise CniError(NO_RDMA, f"no RoCE v2 GID for {address} appeared on {device} port {port} "
+                           f"(rail {rail.ifname} on {rail.netdev})", "is the netdev really the RoCE port of that device?")
+        found[rail_index].append(index)
     return found
 
 
@@ -236,21 +289,29 @@ def _teardown(state: dict, env: CniEnv, cfg: loader.Config, rollback: bool = Fal
     A rollback (same process as the failed ADD) knows which rails reached IPAM and releases
     only those; DEL and GC release every rail (IPAM DEL of nothing is a no-op).
     """
-    mode = modes.SharedMode(state.get("link", cfg.net["link"]), cfg.net["linkMode"])
+    mode = modes.for_state(state, cfg.net)
     pod_fd = _open_pod_netns_if_alive(state.get("netns") or env.netns)
     errors: list[str] = []
-    if pod_fd is not None:
-        try:
+    host_fd = netns.current_netns_fd()
+    try:
+        if pod_fd is not None:
             with netns.inside(pod_fd), NetlinkSocket() as pod_sock:
                 for rail in state["rails"]:
                     try:
-                        _detach_rail(pod_sock, mode, rail, cfg.net)
-                    except OSError as exc:
-                        errors.append(f"{rail['ifname']}: {exc}")
-        finally:
+                        _detach_rail(pod_sock, mode, rail, cfg.net, host_fd)
+                    except (OSError, CniError) as exc:
+                        errors.append(f"{rail['ifname']}: {getattr(exc, 'msg', exc)}")
+        with NetlinkSocket() as host_sock:
+            for rail in state["rails"]:
+                problem = mode.restore_host(host_sock, rail)
+                if problem:
+                    log(f"teardown: {problem}")
+    finally:
+        os.close(host_fd)
+        if pod_fd is not None:
             os.close(pod_fd)
     for rail in state["rails"]:
-        if rollback and not rail.get("ipamStarted"):
+        if not rail.get("ipam") or (rollback and not rail.get("ipamStarted")):
             continue
         try:
             ipam.invoke("DEL", ipam=rail["ipam"], network=state.get("network", cfg.net["name"]),
@@ -268,16 +329,19 @@ def _teardown_or_raise(state: dict, env: CniEnv, cfg: loader.Config) -> None:
         raise CniError(KERNEL_REJECTED, "teardown incomplete: " + "; ".join(errors))
 
 
-def _detach_rail(pod_sock: NetlinkSocket, mode: modes.SharedMode, rail: dict, net: dict) -> None:
-    link = rtnl.get_link(pod_sock, rail["ifname"])
-    if link is None or not mode.owns(link):
+def _detach_rail(pod_sock: NetlinkSocket, mode: modes.Mode, rail: dict, net: dict, host_fd: int) -> None:
+    if rail.get("rdmaOnly"):  # chained exclusive: the netdev belongs to the previous plugin
+        exclusive.move_rdma_device(rail["rdmaDevice"], host_fd, missing_ok=True)
+        return
+    link = mode.find_in_pod(pod_sock, rail)
+    if link is None or not mode.owns(link, rail):
         return
     table, priority = _rail_routing(net, link)
     for family in (AF_INET6, AF_INET):  # rules are not removed with the link
         stale = [r.src for r in rtnl.list_rules(pod_sock, family)
                  if r.table == table and r.priority == priority and r.src is not None]
         addressing.remove_rules(pod_sock, stale, table, priority)
-    mode.detach(pod_sock, link)
+    mode.detach(pod_sock, link, rail, host_fd)
 
 
 def cmd_del(env: CniEnv, cfg: loader.Config) -> None:
@@ -304,6 +368,7 @@ def _state_from_config(env: CniEnv, cfg: loader.Config) -> dict:
     chained = cfg.prev_result is not None
     return {
         "netns": env.netns, "network": net["name"], "containerID": env.container_id, "link": net["link"],
+        "mode": "exclusive" if net["mode"] == "exclusive" else "shared",
         "rails": [{"ifname": rails.default_ifname(e, i, len(entries), env.ifname, chained),
                    "ipam": e.get("ipam") or net["ipam"]}
                   for i, e in enumerate(entries)],
@@ -317,13 +382,13 @@ def cmd_check(env: CniEnv, cfg: loader.Config) -> None:
     if not versions.at_least(cfg.cni_version, "0.4.0"):
         raise CniError(INCOMPATIBLE_VERSION, f"CHECK needs cniVersion 0.4.0 or later, not {cfg.cni_version}")
     net = cfg.net
-    mode = modes.select(net)
     store = StateStore(net["stateDir"], net["name"])
     store.prepare()
     with store.locked(env.container_id, env.ifname, net["lockTimeoutSeconds"]):
         state = store.load(env.container_id, env.ifname)
     if state is None or state.get("phase") != "ready":
         raise CniError(UNKNOWN_CONTAINER, f"no attachment {env.container_id}/{env.ifname} in network {net['name']}")
+    mode = modes.for_state(state, net)
     result = state["result"]
     if cfg.prev_result is not None:
         listed = {i.get("name") for i in cfg.prev_result.get("interfaces", []) if i.get("sandbox")}
@@ -332,23 +397,31 @@ def cmd_check(env: CniEnv, cfg: loader.Config) -> None:
                 raise CniError(CHECK_FAILED, f"prevResult does not list the pod interface {rail['ifname']}")
     pod_fd = _open_pod_netns(env.netns)
     try:
+        gids: list[tuple[str, int, str]] = []
         with netns.inside(pod_fd), NetlinkSocket() as pod_sock:
             for rail in state["rails"]:
-                _check_rail(pod_sock, mode, rail, result, net)
+                gids += _check_rail(pod_sock, mode, rail, result, net)
+        _check_gids(gids, pod_fd if mode.name == "exclusive" else None)
     finally:
         os.close(pod_fd)
-    for rail in state["rails"]:
+    for rail in (r for r in state["rails"] if r.get("ipam")):
         ipam.invoke("CHECK", ipam=rail["ipam"], network=net["name"], cni_version=cfg.cni_version,
                     container_id=env.container_id, netns=env.netns, ifname=rail["ifname"], cni_path=env.path,
                     timeout=net["ipamTimeoutSeconds"])
 
 
-def _check_rail(pod_sock: NetlinkSocket, mode: modes.SharedMode, rail: dict, result: dict, net: dict) -> None:
+def _check_rail(pod_sock: NetlinkSocket, mode: modes.Mode, rail: dict, result: dict,
+                net: dict) -> list[tuple[str, int, str]]:
+    """Check one rail inside the pod; returns the (device, port, address) GIDs still to verify."""
+    if rail.get("rdmaOnly"):
+        if not exclusive.rdma_device_visible(rail["rdmaDevice"]):
+            raise CniError(CHECK_FAILED, f"RDMA device {rail['rdmaDevice']} is not in the pod")
+        return []
     link = rtnl.get_link(pod_sock, rail["ifname"])
     if link is None:
         raise CniError(CHECK_FAILED, f"the pod has no interface {rail['ifname']}")
-    if not mode.owns(link):
-        raise CniError(CHECK_FAILED, f"{rail['ifname']} is a {link.kind or 'physical'} link, not a {mode.link_kind}")
+    if not mode.owns(link, rail):
+        raise CniError(CHECK_FAILED, f"{rail['ifname']} is not the {mode.link_kind} this network set up")
     index = next(i for i, iface in enumerate(result["interfaces"]) if iface["name"] == rail["ifname"]
                  and iface.get("sandbox"))
     if result["interfaces"][index].get("mac") not in (None, link.mac):
@@ -356,11 +429,23 @@ def _check_rail(pod_sock: NetlinkSocket, mode: modes.SharedMode, rail: dict, res
     plan_ip = addressing.parse_ipam_result(
         {"ips": [ip for ip in result["ips"] if ip.get("interface") == index], "routes": []}, rail["ifname"])
     addressing.verify(pod_sock, link, plan_ip, *_rail_routing(net, link))
-    if rail.get("rdmaDevice"):
-        port = rdma_sysfs.RdmaPort(rail["rdmaDevice"], rail["port"])
-        for address, _gw in plan_ip.addresses:
-            if rdma_sysfs.find_gid(port, address.ip) is None:
-                raise CniError(CHECK_FAILED, f"the RoCE v2 GID of {address.address_text()} is gone from {port.device}")
+    if not rail.get("rdmaDevice"):
+        return []
+    return [(rail["rdmaDevice"], rail["port"], address.address_text()) for address, _gw in plan_ip.addresses]
+
+
+def _check_gids(wanted: list[tuple[str, int, str]], pod_view_fd: int | None) -> None:
+    if not wanted:
+        return
+    if pod_view_fd is None:
+        indexes = rdma_sysfs.wait_for_gids(wanted, 0)
+    else:
+        from rdma_netns.kernel import netns_sysfs
+
+        indexes = netns_sysfs.call_in_pod_view(pod_view_fd, lambda: rdma_sysfs.wait_for_gids(wanted, 0))
+    for (device, _port, address), index in zip(wanted, indexes):
+        if index is None:
+            raise CniError(CHECK_FAILED, f"the RoCE v2 GID of {address} is gone from {device}")
 
 
 # ---------------------------------------------------------------- STATUS and GC
@@ -378,11 +463,11 @@ def cmd_status(env: CniEnv, cfg: loader.Config) -> None:
     """Can ADD work now? Rails present and up, kernel mode right, IPAM plugins there and ready."""
     net = cfg.net
     try:
-        modes.select(net)
         plan = rails.plan(net, "eth0", None, False)
         with NetlinkSocket() as sock:
+            mode = modes.select(net)
             for rail in plan:
-                _host_parent(sock, rail)
+                _host_parent(sock, rail, mode)
         for conf in _distinct_ipams([rail.ipam for rail in plan]):
             if ipam.speaks_1_1(conf, env.path, net["ipamTimeoutSeconds"]):
                 ipam.invoke("STATUS", ipam=conf, network=net["name"], cni_version=cfg.cni_version, container_id="",

@@ -85,6 +85,9 @@ def plan(net: dict, cni_ifname: str, device_id: str | None, chained: bool) -> li
                        "set \"requireRdma\": false to run on plain netdevs (tests, demos)")
     rails: list[Rail] = []
     for index, entry in enumerate(entries):
+        if not (entry.get("ipam") or net["ipam"]):
+            raise CniError(INVALID_CONFIG, f"rail {index} has no ipam (its own, or the top-level default); only "
+                           "exclusive mode chained after a netdev plugin runs without IPAM")
         netdev = netdev_of(entry)
         port = rdma_sysfs.device_of_netdev(netdev) if rdma_present else None
         if net["requireRdma"] and port is None:

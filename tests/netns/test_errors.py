@@ -53,7 +53,8 @@ def test_unknown_field_is_named(node):
     {"rails": [{"netdev": "rail0", "rdmaDevice": "mlx5_0", "ipam": {"type": "host-local"}}]},
     {"rails": [{"pciAddress": "not-a-pci", "ipam": {"type": "host-local"}}]},
     {"rails": [{"netdev": "../../etc", "ipam": {"type": "host-local"}}]},
-    {"rails": [{"netdev": "rail0"}]},  # no IPAM anywhere
+    {"rails": [{"netdev": "rail0"}]},  # no IPAM anywhere (shared mode)
+    {"rails": [{"netdev": "rail0"}], "mode": "exclusive"},  # not chained: needs IPAM too (checked at ADD)
     {"rails": []},
     {"stateDir": "relative/path"},
     {"name": "bad/name"},
@@ -163,13 +164,6 @@ def test_require_rdma_on_a_kernel_without_rdma(node):
     pod = node.pod()
     err = node.cni("ADD", node.conf(requireRdma=True), pod).error(104)
     assert "RDMA" in err["msg"]
-    assert_untouched(node, pod)
-
-
-def test_exclusive_mode_is_refused_clearly(node):
-    pod = node.pod()
-    err = node.cni("ADD", node.conf(mode="exclusive"), pod).error(107)
-    assert "exclusive" in err["msg"]
     assert_untouched(node, pod)
 
 

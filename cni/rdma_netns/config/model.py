@@ -110,10 +110,13 @@ class NetConf(Strict):
             names = [r.ifname for r in self.rails if r.ifname]
             if len(names) != len(set(names)):
                 raise ValueError("rails have duplicate ifnames")
-            if any(r.ipam is None for r in self.rails) and self.ipam is None:
+        # Only exclusive mode chained after a netdev plugin runs without IPAM (it moves just the
+        # RDMA device); `auto` may turn out to be that, and is checked again at ADD.
+        if self.mode == "shared":
+            if self.rails and any(r.ipam is None for r in self.rails) and self.ipam is None:
                 raise ValueError("every rail needs an ipam (its own, or the top-level default)")
-        elif self.ipam is None:
-            raise ValueError("ipam is required (top-level, or per rail)")
+            if not self.rails and self.ipam is None:
+                raise ValueError("ipam is required (top-level, or per rail)")
         return self
 
 

@@ -14,11 +14,12 @@ CLONE_NEWNET = 0x40000000
 NS_GET_NSTYPE = 0xB703  # _IO(0xb7, 0x3)
 
 
-def _libc_setns() -> object:
-    """libc's setns as a callable returning int, with errno captured.
+def libc_function(name: str) -> object:
+    """A libc function as a callable returning int, with errno captured (see libc_errno).
 
     Built on the C module `_ctypes` directly: `import ctypes` costs ~3.5 ms of start-up (it
     defines every C type), the two classes needed here ~1 ms. Falls back to ctypes.
+    Arguments may be ints, bytes and None (pointers), which is all the callers pass.
     """
     try:
         import _ctypes
@@ -30,20 +31,20 @@ def _libc_setns() -> object:
             _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
             _restype_ = CInt
 
-        return CFunction(_ctypes.dlsym(_ctypes.dlopen(None), "setns"))
+        return CFunction(_ctypes.dlsym(_ctypes.dlopen(None), name))
     except (ImportError, AttributeError, OSError, TypeError):  # pragma: no cover - other Pythons
         import ctypes
 
-        return ctypes.CDLL(None, use_errno=True).setns
+        return getattr(ctypes.CDLL(None, use_errno=True), name)
 
 
-def _get_errno() -> int:
+def libc_errno() -> int:
     import _ctypes
 
     return _ctypes.get_errno()
 
 
-_setns = _libc_setns()
+_setns = libc_function("setns")
 
 
 class NotANetns(Exception):
@@ -66,7 +67,7 @@ def open_netns(path: str) -> int:
 
 def setns(fd: int) -> None:
     if _setns(fd, CLONE_NEWNET) != 0:
-        err = _get_errno()
+        err = libc_errno()
         raise OSError(err, f"setns: {os.strerror(err)}")
 
 

@@ -8,6 +8,7 @@ keeps them cheap enough for every ADD. Paths follow the kernel's layout:
 from __future__ import annotations
 
 import os
+import time
 
 from rdma_netns.kernel.inet import Prefix
 
@@ -102,6 +103,20 @@ def netdevs_of_pci(address: str) -> list[str]:
     return []
 
 
+def device_by_id(device_id: str) -> str | None:
+    """An RDMA device named directly, or the one on a PCI/auxiliary device (deviceID conventions)."""
+    if os.path.isdir(f"{SYSFS}/class/infiniband/{device_id}"):
+        return device_id
+    for bus in ("pci", "auxiliary"):
+        try:
+            found = sorted(os.listdir(f"{SYSFS}/bus/{bus}/devices/{device_id}/infiniband"))
+        except OSError:
+            continue
+        if found:
+            return found[0]
+    return None
+
+
 def gid_text(ip: Prefix) -> str:
     """How sysfs prints the RoCE v2 GID of an address (IPv4 as an IPv4-mapped IPv6 address)."""
     packed = ip.packed if ip.version == 6 else b"\0" * 10 + b"\xff\xff" + ip.packed
@@ -140,3 +155,19 @@ def pci_address_of_device(device: str) -> str | None:
     except OSError:
         return None
     return os.path.basename(target)
+
+
+def wait_for_gids(wanted: list[tuple[str, int, str]], timeout: float) -> list[int | None]:
+    """For each (device, port, address text): the index of its RoCE v2 GID, polled until found or
+    `timeout`; None where none appeared. Plain data in and out, so it can run in a child
+    process that sees a pod's sysfs (kernel/netns_sysfs.py)."""
+    deadline = time.monotonic() + timeout
+    found: list[int | None] = [None] * len(wanted)
+    while True:
+        for i, (device, port, address) in enumerate(wanted):
+            if found[i] is None:
+                entry = find_gid(RdmaPort(device, port), Prefix.parse(address))
+                found[i] = entry.index if entry else None
+        if all(f is not None for f in found) or time.monotonic() > deadline:
+            return found
+        time.sleep(0.002)

@@ -254,3 +254,20 @@ def list_rules(sock: NetlinkSocket, family: int) -> list[Rule]:
 def delete_source_rule(sock: NetlinkSocket, src: Prefix, table: int, priority: int) -> None:
     sock.request(RTM_DELRULE, _rule_body(src, table, priority),
                  what=f"delete rule from {src.address_text()} lookup {table}")
+
+
+def move_link(sock: NetlinkSocket, index: int, netns_fd: int, name: str) -> None:
+    """Move a link to the namespace `netns_fd`, named `name` there, in one request.
+
+    The kernel closes the link on the move and applies the new name in the target namespace, so
+    the old name never has to be free there and the new name is never used in the source.
+    """
+    body = (IFINFOMSG.pack(AF_UNSPEC, 0, index, 0, 0) + attr_u32(IFLA_NET_NS_FD, netns_fd)
+            + attr_str(IFLA_IFNAME, name))
+    sock.request(RTM_NEWLINK, body, what=f"move link {index} as {name}")
+
+
+def rename_link(sock: NetlinkSocket, index: int, name: str) -> None:
+    """Rename a link (it must be down)."""
+    sock.request(RTM_NEWLINK, IFINFOMSG.pack(AF_UNSPEC, 0, index, 0, 0) + attr_str(IFLA_IFNAME, name),
+                 what=f"rename link {index} to {name}")

@@ -22,6 +22,9 @@ class SharedMode:
         self.link_kind = link_kind
         self.link_mode = link_mode
 
+    def prepare(self, rail: Rail, parent: rtnl.Link) -> dict:
+        return {}  # nothing on the host changes, so nothing to restore
+
     def attach(self, host_sock: NetlinkSocket, pod_netns_fd: int, rail: Rail, parent: rtnl.Link,
                mac: str | None) -> None:
         """Create the rail's sub-interface directly inside the pod namespace."""
@@ -39,9 +42,15 @@ class SharedMode:
             raise CniError(KERNEL_REJECTED, f"cannot create {self.link_kind} {rail.ifname} on {rail.netdev}: "
                            f"{exc.strerror}") from None
 
-    def owns(self, link: rtnl.Link) -> bool:
+    def owns(self, link: rtnl.Link, rail_state: dict) -> bool:
         """Only sub-interfaces of our kind are ours to delete: never a moved or foreign netdev."""
         return link.kind == self.link_kind
 
-    def detach(self, pod_sock: NetlinkSocket, link: rtnl.Link) -> None:
+    def find_in_pod(self, pod_sock: NetlinkSocket, rail_state: dict) -> rtnl.Link | None:
+        return rtnl.get_link(pod_sock, rail_state["ifname"])
+
+    def detach(self, pod_sock: NetlinkSocket, link: rtnl.Link, rail_state: dict, host_netns_fd: int) -> None:
         rtnl.delete_link(pod_sock, link.index)
+
+    def restore_host(self, host_sock: NetlinkSocket, rail_state: dict) -> str | None:
+        return None
