@@ -38,7 +38,7 @@ def test_runtime_keys_are_not_part_of_the_contract():
     ({"rails": [{"ipam": IPAM}]}, "rails.0"),
     ({"rails": [{"netdev": "a", "ifname": "x", "ipam": IPAM}, {"netdev": "b", "ifname": "x", "ipam": IPAM}]},
      "duplicate"),
-    ({"ipam": None, "rails": None}, "ipam"),
+    ({"ipam": None, "rails": None, "mode": "shared"}, "ipam"),
     ({"gidWaitMs": -1}, "gidWaitMs"),
     ({"ipam": {"type": "a/b"}}, "ipam.type"),
 ])
