@@ -6,9 +6,17 @@
 # "requireRdma": false; on an RDMA node the same config without that line also checks that
 # each pod address became a RoCE v2 GID of the NIC. Everything the demo creates is removed at
 # the end, and the last step shows that the plugin's DEL left nothing behind.
+#
+# `demo.sh --rdma` runs the same two-pod set-up on a real RDMA subsystem instead: a Debian 7.x
+# kernel booted under QEMU (integration/guest/), Soft-RoCE devices, and RDMA traffic between the
+# pods (an RC queue pair moving a checked buffer, and rping over rdma_cm).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh >/dev/null
+if [ "${1:-}" = "--rdma" ]; then
+  integration/guest/fetch-kernel.sh >/dev/null
+  exec integration/guest/run-in-guest.sh --timeout 1800 -- bash integration/guest/demo-rdma.sh
+fi
 
 PLUGIN=$PWD/.venv/bin/rdma-netns
 CNI_PATH=/usr/lib/cni

@@ -55,3 +55,19 @@ def test_launcher_is_isolated_and_runs_the_installed_package(tmp_path: Path):
     version = subprocess.run([str(dest)], input=b"{}", capture_output=True,
                              env={"CNI_COMMAND": "VERSION", "PYTHONPATH": str(evil.parent)})
     assert version.returncode == 0 and json.loads(version.stdout)["supportedVersions"]
+
+
+def test_mode_on_a_kernel_without_rdma_and_persist(tmp_path: Path):
+    import os
+
+    if os.path.isdir("/sys/module/ib_core"):
+        import pytest
+
+        pytest.skip("this kernel has an RDMA core")
+    show = run("mode")
+    assert show.returncode == 1 and "no RDMA subsystem" in show.stderr
+    target = tmp_path / "rdma-netns.conf"
+    out = run("mode", "set", "exclusive", "--persist", "--modprobe-file", str(target))
+    assert out.returncode == 0, out.stderr
+    assert "options ib_core netns_mode=0" in target.read_text()
+    assert run("mode", "set").returncode == 2  # a value is required

@@ -11,33 +11,28 @@ import json
 import sys
 
 from rdma_netns import __version__
-from rdma_netns.kernel import rdma_sysfs
 
 
 def _mode(args: argparse.Namespace) -> int:
-    mode = rdma_sysfs.netns_mode()
-    if mode is None:
-        print("RDMA netns mode: unknown (this kernel has no RDMA subsystem: ib_core is not loaded)")
-        return 1
-    print(f"RDMA netns mode: {mode}")
-    return 0
+    from rdma_netns.admin import mode
+
+    if args.action == "set":
+        status, text = mode.set_mode(args.value, args.persist, args.modprobe_file)
+    else:
+        status, text = mode.show()
+    print(text, file=sys.stdout if status == 0 else sys.stderr)
+    return status
 
 
 def _devices(args: argparse.Namespace) -> int:
-    rows = []
-    for device in rdma_sysfs.devices():
-        for port in rdma_sysfs.ports(device) or [0]:
-            rows.append({"device": device, "port": port, "netdevs": rdma_sysfs.netdevs_of_device(device),
-                         "pci": rdma_sysfs.pci_address_of_device(device)})
+    from rdma_netns.admin import devices
+
+    rows = devices.collect()
     if args.json:
         json.dump(rows, sys.stdout, indent=2)
         print()
-    elif not rows:
-        print("no RDMA devices visible in this network namespace")
     else:
-        print(f"{'DEVICE':<16} {'PORT':>4}  {'NETDEVS':<24} PCI")
-        for r in rows:
-            print(f"{r['device']:<16} {r['port']:>4}  {','.join(r['netdevs']) or '-':<24} {r['pci'] or '-'}")
+        print(devices.table(rows))
     return 0
 
 
@@ -89,7 +84,13 @@ def build_parser() -> argparse.ArgumentParser:
                     "(CNI_COMMAND set) it is a CNI plugin; with a command it is this admin tool.")
     parser.add_argument("--version", action="version", version=f"rdma-netns {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("mode", help="show the kernel's RDMA network-namespace mode")
+    p = sub.add_parser("mode", help="show the kernel's RDMA network-namespace mode (and what blocks a change), "
+                       "or set it: `mode set shared|exclusive [--persist]`")
+    p.add_argument("action", nargs="?", choices=["show", "set"], default="show")
+    p.add_argument("value", nargs="?", choices=["shared", "exclusive"])
+    p.add_argument("--persist", action="store_true",
+                   help="also write `options ib_core netns_mode=` to modprobe.d so the mode survives reboots")
+    p.add_argument("--modprobe-file", default="/etc/modprobe.d/rdma-netns.conf", help=argparse.SUPPRESS)
     p.set_defaults(func=_mode)
     p = sub.add_parser("devices", help="list the RDMA devices visible here, their ports and netdevs")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -105,5 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "mode" and (args.action == "set") != (args.value is not None):
+        parser.error("use `mode` to show it, or `mode set shared|exclusive`")
     return args.func(args)

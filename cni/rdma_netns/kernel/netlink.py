@@ -133,6 +133,10 @@ class NetlinkSocket:
                 if msg_seq != seq:
                     continue
                 if msg_type == NLMSG_DONE:
+                    # A dump that failed part-way ends with DONE carrying the negative errno.
+                    code = -struct.unpack_from("=i", body)[0] if len(body) >= 4 else 0
+                    if code > 0:
+                        raise NetlinkError(code, f"{what}: {os.strerror(code)}")
                     return
                 if msg_type == NLMSG_ERROR:
                     code = -struct.unpack_from("=i", body)[0]

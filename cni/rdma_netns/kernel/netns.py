@@ -100,3 +100,49 @@ class inside:  # noqa: N801 - used like a function: `with netns.inside(fd):`
 def same_netns(fd_a: int, fd_b: int) -> bool:
     a, b = os.fstat(fd_a), os.fstat(fd_b)
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+NETNS_RUN_DIR = "/var/run/netns"
+
+
+def _ns_id(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return []
+
+
+def _comm(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
+
+
+def other_namespaces(run_dir: str = NETNS_RUN_DIR) -> list[str]:
+    """Every network namespace other than init_net (PID 1's), described for a person: named ones
+    from /var/run/netns first, then any other one some task is in. These are what make an RDMA
+    netns mode change fail with EBUSY."""
+    init = _ns_id("/proc/1/ns/net")
+    if init is None:
+        return []
+    found: dict[tuple[int, int], str] = {}
+    for name in _listdir(run_dir):
+        ns = _ns_id(f"{run_dir}/{name}")
+        if ns and ns[0] == init[0] and ns != init:  # same st_dev: an nsfs inode, not a stale file
+            found.setdefault(ns, f"{name} ({run_dir}/{name})")
+    for pid in filter(str.isdigit, _listdir("/proc")):
+        for tid in _listdir(f"/proc/{pid}/task"):
+            ns = _ns_id(f"/proc/{pid}/task/{tid}/ns/net")
+            if ns and ns != init and ns not in found:
+                found[ns] = f"net:[{ns[1]}] (pid {pid} {_comm(pid)})"
+    return list(found.values())

@@ -148,6 +148,21 @@ def find_gid(port: RdmaPort, ip: Prefix, limit: int = 256) -> GidEntry | None:
     return None
 
 
+def gids(port: RdmaPort, limit: int = 16) -> list[GidEntry]:
+    """The non-empty GID entries among the first `limit` (a full table is 256-1024 entries and
+    slow to read on soft devices)."""
+    base = f"{SYSFS}/class/infiniband/{port.device}/ports/{port.port}"
+    out = []
+    for index in range(limit):
+        gid = _read(f"{base}/gids/{index}")
+        if gid is None:
+            break
+        if gid.replace("0", "").replace(":", ""):
+            out.append(GidEntry(index, gid, _read(f"{base}/gid_attrs/types/{index}") or "",
+                                _read(f"{base}/gid_attrs/ndevs/{index}") or ""))
+    return out
+
+
 def pci_address_of_device(device: str) -> str | None:
     """The PCI (or auxiliary) device name behind an RDMA device, for the result's pciID."""
     try:

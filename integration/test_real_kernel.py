@@ -1,0 +1,83 @@
+"""The real-kernel suite: boots a Debian 7.x kernel under QEMU (integration/guest/) and runs
+integration/guest_suite there, on a real RDMA subsystem with Soft-RoCE devices.
+
+One guest boot serves the whole session; each guest test then shows up here as its own test,
+from the guest's JUnit report. A test that did not run in the guest fails here: nothing is
+skipped silently. Without a fetched kernel the suite is skipped on a developer machine and
+fails in CI (CI=true); scripts/test.sh fetches the kernel first.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+GUEST = REPO / "integration" / "guest"
+KERNEL_ENV = Path(os.environ.get("RDMA_NETNS_KERNEL_CACHE", "/var/cache/rdma-netns-kernel")) / "kernel.env"
+GUEST_TIMEOUT = int(os.environ.get("RDMA_NETNS_GUEST_TIMEOUT", "3000"))
+
+EXPECTED = [
+    "test_1_shared::test_shared_mode_two_pods_gids_and_rdma_traffic[macvlan]",
+    "test_1_shared::test_shared_mode_two_pods_gids_and_rdma_traffic[ipvlan]",
+    "test_1_shared::test_shared_mode_refuses_a_rail_without_rdma_device",
+    "test_2_exclusive::test_chained_exclusive_each_pod_owns_its_device_and_rdma_works",
+    "test_2_exclusive::test_check_notices_a_device_that_left_the_pod",
+    "test_2_exclusive::test_pod_namespace_deleted_without_del",
+    "test_2_exclusive::test_exclusive_moves_a_physical_nic_in_and_back_even_after_the_pod_died",
+    "test_3_mode_switch::test_mode_change_is_refused_while_a_namespace_exists_and_names_it",
+    "test_3_mode_switch::test_mode_change_works_without_namespaces_and_the_plugin_checks_the_mode",
+    "test_add_del::test_ipvlan_link",
+]
+
+
+class GuestRun:
+    def __init__(self, results: Path, returncode: int, seconds: float) -> None:
+        self.results, self.returncode, self.seconds = results, returncode, seconds
+        self.outcomes: dict[str, tuple[str, str]] = {}
+        for report in sorted(results.glob("*.xml")):
+            for case in ET.parse(report).getroot().iter("testcase"):
+                module = case.get("classname", "").rsplit(".", 1)[-1]
+                key = f"{module}::{case.get('name')}"
+                failed = case.find("failure") if case.find("failure") is not None else case.find("error")
+                skipped = case.find("skipped")
+                if failed is not None:
+                    self.outcomes[key] = ("failed", (failed.get("message") or "") + "\n" + (failed.text or ""))
+                elif skipped is not None:
+                    self.outcomes[key] = ("skipped", skipped.get("message") or "")
+                else:
+                    self.outcomes[key] = ("passed", "")
+
+
+@pytest.fixture(scope="session")
+def guest_run(tmp_path_factory) -> GuestRun:
+    if not KERNEL_ENV.exists():
+        message = f"no guest kernel ({KERNEL_ENV} missing): run sudo integration/guest/fetch-kernel.sh"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    results = tmp_path_factory.mktemp("guest")
+    start = time.monotonic()
+    proc = subprocess.run([str(GUEST / "run-in-guest.sh"), "--timeout", str(GUEST_TIMEOUT), "--net-loop",
+                           "--results", str(results), "--", "bash", str(GUEST / "run-suite.sh")],
+                          cwd=REPO, stdin=subprocess.DEVNULL)
+    run = GuestRun(results, proc.returncode, time.monotonic() - start)
+    print(f"\nguest run: exit {proc.returncode} after {run.seconds:.0f} s; console: {results}/console.log")
+    return run
+
+
+def test_the_guest_booted_and_ran_the_suite(guest_run):
+    assert guest_run.returncode not in (124, 125), \
+        f"the guest did not boot or timed out (exit {guest_run.returncode}); see {guest_run.results}/console.log"
+    assert guest_run.outcomes, f"the guest wrote no test report; see {guest_run.results}/console.log"
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_in_guest(guest_run, name):
+    outcome, detail = guest_run.outcomes.get(name, ("missing", "the test did not run in the guest"))
+    assert outcome == "passed", f"{name}: {outcome}\n{detail}"
