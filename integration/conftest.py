@@ -4,3 +4,13 @@ guest suite runs inside the QEMU guest (run-suite.sh sets GUEST_RESULTS there)."
 import os
 
 collect_ignore = [] if os.environ.get("GUEST_RESULTS") else ["guest_suite"]
+
+# Lines the real-kernel runner wants shown at the end of the run (boot time, per-call times).
+GUEST_REPORT: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter):
+    if GUEST_REPORT:
+        terminalreporter.section("real-kernel guest")
+        for line in GUEST_REPORT:
+            terminalreporter.write_line(line)

@@ -9,7 +9,9 @@ fails in CI (CI=true); scripts/test.sh fetches the kernel first.
 
 from __future__ import annotations
 
+import json
 import os
+import statistics
 import subprocess
 import time
 import xml.etree.ElementTree as ET
@@ -17,14 +19,18 @@ from pathlib import Path
 
 import pytest
 
+from integration.conftest import GUEST_REPORT
+
 REPO = Path(__file__).resolve().parent.parent
 GUEST = REPO / "integration" / "guest"
 KERNEL_ENV = Path(os.environ.get("RDMA_NETNS_KERNEL_CACHE", "/var/cache/rdma-netns-kernel")) / "kernel.env"
 GUEST_TIMEOUT = int(os.environ.get("RDMA_NETNS_GUEST_TIMEOUT", "3000"))
 
 EXPECTED = [
+    "test_0_rdma_netlink::test_rdma_netlink_clients_against_the_kernel",
     "test_1_shared::test_shared_mode_two_pods_gids_and_rdma_traffic[macvlan]",
     "test_1_shared::test_shared_mode_two_pods_gids_and_rdma_traffic[ipvlan]",
+    "test_1_shared::test_del_removes_the_pods_gid",
     "test_1_shared::test_shared_mode_refuses_a_rail_without_rdma_device",
     "test_2_exclusive::test_chained_exclusive_each_pod_owns_its_device_and_rdma_works",
     "test_2_exclusive::test_check_notices_a_device_that_left_the_pod",
@@ -67,8 +73,23 @@ def guest_run(tmp_path_factory) -> GuestRun:
                            "--results", str(results), "--", "bash", str(GUEST / "run-suite.sh")],
                           cwd=REPO, stdin=subprocess.DEVNULL)
     run = GuestRun(results, proc.returncode, time.monotonic() - start)
-    print(f"\nguest run: exit {proc.returncode} after {run.seconds:.0f} s; console: {results}/console.log")
+    GUEST_REPORT.append(f"guest run: exit {proc.returncode} after {run.seconds:.0f} s (boot included); "
+                        f"console and reports: {results}")
+    GUEST_REPORT.extend(timing_summary(results / "timings.jsonl"))
     return run
+
+
+def timing_summary(path: Path) -> list[str]:
+    """Median wall time per plugin call kind inside the guest (software emulation: ~20-50x slower
+    than native; the first call of a new config includes its one-time pydantic validation)."""
+    if not path.exists():
+        return []
+    by_name: dict[str, list[float]] = {}
+    for line in path.read_text().splitlines():
+        entry = json.loads(line)
+        by_name.setdefault(entry["name"], []).append(entry["ms"])
+    return [f"  {name:<28} median {statistics.median(ms):8.0f} ms  (n={len(ms)}, min {min(ms):.0f})"
+            for name, ms in sorted(by_name.items())]
 
 
 def test_the_guest_booted_and_ran_the_suite(guest_run):

@@ -65,13 +65,13 @@ class CniResult:
 
 def run_plugin(command: str, conf: dict | bytes | str, *, container_id: str = "c1", netns: str = "",
                ifname: str = "net1", node_netns: str | None = None, cni_path: str = CNI_BIN_DIR,
-               extra_env: dict | None = None, timeout: float = 60) -> CniResult:
+               extra_env: dict | None = None, timeout: float = 60, plugin: str | None = None) -> CniResult:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CNI_")}
     env.update(CNI_COMMAND=command, CNI_CONTAINERID=container_id, CNI_NETNS=netns, CNI_IFNAME=ifname,
                CNI_PATH=cni_path)
     env.update(extra_env or {})
     data = conf if isinstance(conf, bytes) else (conf if isinstance(conf, str) else json.dumps(conf)).encode()
-    cmd = [plugin_path()]
+    cmd = [plugin or plugin_path()]
     if node_netns:
         cmd = ["ip", "netns", "exec", node_netns] + cmd
     proc = subprocess.run(cmd, input=data, env=env, capture_output=True, timeout=timeout)

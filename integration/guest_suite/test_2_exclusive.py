@@ -54,11 +54,11 @@ def host_device_add(lab, pod: str, device: str, address: str) -> dict:
     conf = {"cniVersion": "1.0.0", "name": "hostdev", "type": "host-device", "device": device,
             "ipam": {"type": "static", "addresses": [{"address": address}]}}
     return run_plugin("ADD", conf, container_id=pod, netns=f"/var/run/netns/{pod}", ifname="net1",
-                      timeout=120).ok()
+                      timeout=120, plugin="/usr/lib/cni/host-device").ok()
 
 
 def chained_conf(lab, prev: dict, device: str) -> dict:
-    return {"cniVersion": "1.0.0", "name": "rdma-excl", "type": "rdma-netns", "mode": "exclusive",
+    return {"cniVersion": "1.1.0", "name": "rdma-excl", "type": "rdma-netns", "mode": "exclusive",
             "stateDir": str(lab.tmp / "state"), "prevResult": prev, "runtimeConfig": {"deviceID": device}}
 
 

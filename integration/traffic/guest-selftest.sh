@@ -7,8 +7,19 @@
 #
 #   shared-macvlan  macvlan (bridge) of a common lower veth in each pod,
 #                   Soft-RoCE created on the pod's own macvlan from inside the pod
-#                   (rxe on the lower device drops RoCE arriving on an upper one)
-#   shared-ipvlan   the same with ipvlan l2
+#                   (rxe on the lower device drops RoCE arriving on an upper one).
+#                   The lower gets an rxe device too (rxl0), like a node's NIC:
+#                   its GID table also lists the pods' addresses, so rc_exchange
+#                   must choose the pod's device. It is deleted before rping, as
+#                   rdma_cm would bind to it (first device holding the GID).
+#   shared-ipvlan   the same with ipvlan l2, each pod's ipvlan on one end of the
+#                   lower veth pair (two "nodes"): see the next layout for why
+#   shared-ipvlan-common-lower
+#                   ipvlan l2 of ONE lower in both pods: recorded, not required.
+#                   The ipvlans share the lower's MAC and rxe loops back any packet
+#                   whose destination MAC is its own netdev's (rxe_prepare sets
+#                   RXE_LOOPBACK_MASK), so RoCE never leaves the sending pod.
+#                   Hardware RoCE has no such shortcut; it is a Soft-RoCE limit.
 #   exclusive       `rdma system set netns exclusive` first; each pod gets its own
 #                   netdev (the virtio NICs of run-in-guest.sh --net-loop, else the
 #                   two ends of a veth pair), the rxe device is created on it from
@@ -34,7 +45,7 @@ PYTHON=/usr/bin/python3   # Debian's python3-pyverbs is built for it only
 STEP_TIMEOUT=${SELFTEST_STEP_TIMEOUT:-240}
 ADDR1=fd00::11
 ADDR2=fd00::12
-OUR_RDMA_DEVS="rxm1 rxm2 rxi1 rxi2 rxp1 rxp2"
+OUR_RDMA_DEVS="rxl0 rxm1 rxm2 rxi1 rxi2 rxc1 rxc2 rxp1 rxp2"
 WORK=""
 
 record() { echo "SELFTEST $1: $2${3:+ $3}" | tee -a "$WORK/results"; }
@@ -93,24 +104,34 @@ show_gids() {
         done' _ "$2"
 }
 
-# rc_pair NAME: rc_exchange.py server in pod1, client in pod2; PASS when both
-# sides exit 0 (the client only does when the server verified every byte)
-rc_pair() {
-    local name=$1 out=$WORK/${1//\//-} server_rc=0 client_rc=0 pid moved
-    ip netns exec pod1 timeout -k 5 $((STEP_TIMEOUT + 30)) "$PYTHON" "$RC_EXCHANGE" server \
-        --addr "$ADDR1" --timeout "$STEP_TIMEOUT" >"$out.server" 2>"$out.server.err" &
+# json_field NAME FILE: a number from a tool's one-line JSON report
+json_field() { grep -oE "\"$1\": [0-9.]+" "$2" | grep -oE '[0-9.]+$'; }
+
+# rc_run OUT TIMEOUT: rc_exchange.py server in pod1, client in pod2, their
+# JSON lines in OUT.server/OUT.client; succeeds when both sides exit 0 (the
+# client only does when the server verified every byte)
+rc_run() {
+    local out=$1 timeout=$2 server_rc=0 client_rc=0 pid
+    ip netns exec pod1 timeout -k 5 $((timeout + 30)) "$PYTHON" "$RC_EXCHANGE" server \
+        --addr "$ADDR1" --timeout "$timeout" >"$out.server" 2>"$out.server.err" &
     pid=$!
-    ip netns exec pod2 timeout -k 5 $((STEP_TIMEOUT + 30)) "$PYTHON" "$RC_EXCHANGE" client \
-        --addr "$ADDR2" --peer "$ADDR1" --timeout "$STEP_TIMEOUT" \
+    ip netns exec pod2 timeout -k 5 $((timeout + 30)) "$PYTHON" "$RC_EXCHANGE" client \
+        --addr "$ADDR2" --peer "$ADDR1" --timeout "$timeout" \
         >"$out.client" 2>"$out.client.err" || client_rc=$?
     wait "$pid" || server_rc=$?
     cat "$out.server" "$out.server.err" "$out.client" "$out.client.err"
     keep rc_exchange "$out.server"; keep rc_exchange "$out.client"
-    if [ "$server_rc" = 0 ] && [ "$client_rc" = 0 ]; then
-        moved=$(grep -o '"bytes": [0-9]*' "$out.server" | grep -o '[0-9]*$')
-        pass "$name" "($moved bytes verified; server $(grep -o '"transfer_s": [0-9.]*' "$out.server"))"
+    echo "rc_exchange: server exit $server_rc, client exit $client_rc"
+    [ "$server_rc" = 0 ] && [ "$client_rc" = 0 ]
+}
+
+# rc_pair NAME: rc_run as a required check
+rc_pair() {
+    local out=$WORK/${1//\//-}
+    if rc_run "$out" "$STEP_TIMEOUT"; then
+        pass "$1" "($(json_field bytes "$out.server") bytes verified, transfer $(json_field transfer_s "$out.server") s, gid index $(json_field gid_index "$out.server"))"
     else
-        fail "$name" "(server exit $server_rc, client exit $client_rc)"
+        fail "$1"
     fi
 }
 
@@ -130,25 +151,52 @@ traffic() {
     rc_pair "$1/rc-exchange"
 }
 
-shared_layout() {
-    local kind=$1 mode i
+# shared_pods KIND LOWER1 LOWER2 TAG: podN gets a KIND sub-interface of
+# LOWERN (ends of the veth pair lower0/lower1) and Soft-RoCE device rx<TAG>N on
+# it. lower0 carries an RDMA device too, as a node's NIC would: its GID table
+# lists the pods' addresses as well, so rc_exchange must pick the right device.
+shared_pods() {
+    local kind=$1 tag=$4 mode i lowers=("$2" "$3")
     mode=$([ "$kind" = macvlan ] && echo bridge || echo l2)
-    run ip link add lower0 type veth peer name lower0p
+    run ip link add lower0 type veth peer name lower1
     run ip link set lower0 up
-    run ip link set lower0p up
+    run ip link set lower1 up
+    run rdma link add rxl0 type rxe netdev lower0
     for i in 1 2; do
         run ip netns add "pod$i"
-        run ip link add "sub$i" link lower0 type "$kind" mode "$mode"
+        run ip link add "sub$i" link "${lowers[i - 1]}" type "$kind" mode "$mode"
         run ip link set "sub$i" netns "pod$i"
-        pod_netdev "pod$i" "sub$i" "rx${kind:0:1}$i"
+        pod_netdev "pod$i" "sub$i" "rx$tag$i"
     done
-    show_gids pod1 "rx${kind:0:1}1"
-    run ip netns exec pod1 rdma res show qp || true
-    traffic "shared-$kind"
-    if rdma_cm_pair "$STEP_TIMEOUT"; then
-        pass "shared-$kind/rdma-cm"
+    show_gids pod1 "rx${tag}1"
+    show_gids pod1 rxl0
+    run ip netns exec pod1 rdma res show qp || true   # a GSI QP (QP1) per device
+}
+
+# shared_layout NAME KIND LOWER2 TAG: required traffic, rping included
+shared_layout() {
+    shared_pods "$2" lower0 "$3" "$4"
+    traffic "$1"
+    # rdma_cm binds to the first device whose GID table holds the address:
+    # that is rxl0, which never receives RoCE sent to an upper device, and the
+    # peer's CM rejects the connection (REJECTED, error 8: no listener there)
+    run rdma link delete rxl0
+    if rdma_cm_pair "$STEP_TIMEOUT"; then pass "$1/rdma-cm"; else fail "$1/rdma-cm"; fi
+}
+
+# rxe_counter DEV NAME: one Soft-RoCE hardware counter (0 when not shown)
+rxe_counter() {
+    rdma statistic show link "$1/1" | grep -oE "(^| )$2 [0-9]+" | grep -oE '[0-9]+$' || echo 0
+}
+
+# ipvlan_common_lower: see the header; shows where the packets went
+ipvlan_common_lower() {
+    local name=shared-ipvlan-common-lower
+    shared_pods ipvlan lower0 lower0 c
+    if rc_run "$WORK/$name" 30; then
+        info "$name" "RC traffic passed between ipvlans of one lower on this kernel"
     else
-        fail "shared-$kind/rdma-cm"
+        known "$name" "no RC traffic: client rxc2 sent $(rxe_counter rxc2 sent_pkts) packets, server rxc1 received $(rxe_counter rxc1 rcvd_pkts) (rxe loops back frames to its own MAC)"
     fi
 }
 
@@ -179,20 +227,42 @@ pod_nics() {
     fi
 }
 
-# enable_rxe_debug: rxe explains refused QPs only through dynamic debug
+# enable_rxe_debug: rxe says why it refuses a QP only through dynamic debug
 enable_rxe_debug() {
     mountpoint -q /sys/kernel/debug || mount -t debugfs none /sys/kernel/debug || true
-    echo 'module rdma_rxe +p' >/sys/kernel/debug/dynamic_debug/control ||
-        info exclusive/rxe-debug "dynamic debug unavailable: rxe's reasons will be missing"
+    echo 'func rxe_qp_chk_init +p' >/sys/kernel/debug/dynamic_debug/control ||
+        info exclusive/rxe-debug "dynamic debug unavailable: rxe's reason will be missing"
 }
 
 # gsi_evidence SINCE: kernel lines about the GSI QP (QP1) after dmesg line SINCE
 gsi_evidence() {
-    dmesg | tail -n +"$1" | grep -E "GSI QP exists|ib_mad QP1|Couldn't open port|rxp[12]" || true
+    dmesg | tail -n +"$1" | grep -E "GSI QP|QP1|open port|rxp[12]" || true
+}
+
+# exclusive_rdma_cm GSI_LOG QPS: run rping and, when it fails, say why with the
+# kernel's own words (dmesg at the moves) and pod1's QP list (no GSI QP)
+exclusive_rdma_cm() {
+    if rdma_cm_pair 30; then   # a failed rping client hangs until killed
+        info exclusive/rdma-cm "rping worked in exclusive mode on this kernel"
+        return 0
+    fi
+    known exclusive/rdma-cm "rping fails in exclusive mode (rdma_cm_check output above)"
+    if grep -q "type GSI" <<<"$2"; then
+        info exclusive/gsi-qp1 "rxp1 has a GSI QP (QP1) in pod1"
+    else
+        known exclusive/gsi-qp1 "rxp1 has no GSI QP (QP1) in pod1 after the move: no CM MADs, no rdma_cm"
+    fi
+    if [ -n "$1" ]; then
+        known exclusive/gsi-dmesg "kernel log at 'rdma dev set ... netns':"
+        # shellcheck disable=SC2001  # prefix every line
+        sed 's/^/    dmesg: /' <<<"$1"
+    else
+        info exclusive/gsi-dmesg "no GSI/QP1 lines in dmesg"
+    fi
 }
 
 exclusive_layout() {
-    local nics i mark evidence
+    local nics i mark gsi_log qps
     run ip netns list
     set_mode exclusive
     output_check exclusive/mode-set "netns exclusive" "netns shared" rdma system show
@@ -207,24 +277,15 @@ exclusive_layout() {
         pod_netdev "pod$i" "${nics[i - 1]}" "rxp$i"
         run rdma dev set "rxp$i" netns "pod$i"
     done
+    gsi_log=$(gsi_evidence "$mark")
     output_check exclusive/pod1-sees-own "rxp1" "rxp2" ip netns exec pod1 rdma dev
     output_check exclusive/pod2-sees-own "rxp2" "rxp1" ip netns exec pod2 rdma dev
     output_check exclusive/host-sees-neither "" "rxp" rdma dev
     show_gids pod1 rxp1
-    run ip netns exec pod1 rdma res show qp || true
+    qps=$(run ip netns exec pod1 rdma res show qp 2>&1 || true)
+    echo "$qps"
     traffic exclusive
-    # rdma_cm: recorded, not required (see the header)
-    if rdma_cm_pair 60; then
-        info exclusive/rdma-cm "rping worked in exclusive mode on this kernel"
-    else
-        evidence=$(gsi_evidence "$mark")
-        known exclusive/rdma-cm "rping fails in exclusive mode; kernel log since the moves:"
-        # shellcheck disable=SC2001  # prefix every line
-        sed 's/^/    dmesg: /' <<<"$evidence"
-        if grep -q "GSI QP exists" <<<"$evidence"; then
-            known exclusive/rdma-cm "cause: after 'rdma dev set ... netns' ib_mad cannot re-create QP1 (rxe says its GSI QP still exists): no CM MADs, so no rdma_cm connection"
-        fi
-    fi
+    exclusive_rdma_cm "$gsi_log" "$qps"
 }
 
 # teardown: remove what a layout made, whether it finished or not
@@ -263,8 +324,9 @@ main() {
     : >"$WORK/results"
     echo "== kernel $(uname -r), $(nproc) cpu(s)"
     run modprobe rdma_rxe
-    run_layout shared-macvlan shared_layout macvlan
-    run_layout shared-ipvlan shared_layout ipvlan
+    run_layout shared-macvlan shared_layout shared-macvlan macvlan lower0 m
+    run_layout shared-ipvlan shared_layout shared-ipvlan ipvlan lower1 i
+    run_layout shared-ipvlan-common-lower ipvlan_common_lower
     run_layout exclusive exclusive_layout
     set_mode shared || info restore "could not switch back to shared mode"
     [ -z "${GUEST_RESULTS:-}" ] || cp "$WORK/results" "$GUEST_RESULTS/selftest-results.txt"

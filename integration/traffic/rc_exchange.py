@@ -74,7 +74,10 @@ HOP_LIMIT = 64
 # 4.096 us * 2^18 ~ 1 s per ACK timeout: a TCG guest can stall for longer
 # than the usual 67 ms (timeout 14) and would then burn its retries.
 ACK_TIMEOUT = 18
-RETRIES = 7
+# 6, not 7: 7 means "retry forever" (rxe applies that to retry_cnt as well as
+# to rnr_retry), which turns a broken path into a timeout instead of a
+# "transport retry counter exceeded" completion after ~7 s.
+RETRIES = 6
 MIN_RNR_TIMER = 12
 POLL_SLEEP_S = 0.002
 
@@ -233,7 +236,7 @@ class Endpoint:
                 "rkey": self.mr.rkey, "addr": self.mr.buf, "size": self.size}
 
     def connect(self, peer: dict[str, Any]) -> int:
-        """INIT -> RTR -> RTS towards the peer's QP; returns the path MTU used."""
+        """INIT -> RTR -> RTS towards the peer's QP; returns the path MTU in bytes."""
         attr = QPAttr(port_num=self.choice.port)
         attr.path_mtu = min(self.mtu, int(peer["mtu"]))
         attr.dest_qp_num = int(peer["qpn"])
@@ -249,7 +252,7 @@ class Endpoint:
         attr.rnr_retry = RETRIES
         attr.max_rd_atomic = 1
         self.qp.to_rts(attr)
-        return attr.path_mtu
+        return 128 << attr.path_mtu  # enum ibv_mtu: 1 = 256 ... 5 = 4096
 
     def post_recv(self) -> None:
         """Receive the SEND into half 1 (posted before the peer learns our QPN)."""

@@ -22,7 +22,6 @@ WRONG_RDMA_MODE = 103       # kernel RDMA netns mode does not fit the config's m
 NO_RDMA = 104               # no RDMA subsystem, no RDMA device for a rail, or no GID appeared
 IPAM_FAILED = 105           # the IPAM delegate failed or returned something unusable
 CHECK_FAILED = 106          # CHECK found a difference from what ADD set up
-NOT_IMPLEMENTED = 107       # a mode this build does not carry yet
 
 
 class CniError(Exception):
