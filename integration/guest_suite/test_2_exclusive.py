@@ -97,15 +97,21 @@ def test_chained_exclusive_each_pod_owns_its_device_and_rdma_works(lab, exclusiv
         lab.rxe.append(device)
 
 
-def test_check_notices_a_device_that_left_the_pod(lab, exclusive_kernel):
+def one_chained_pod(lab, address: str, device: str) -> tuple[str, dict]:
+    """A pod wired like the chained test's, with one RDMA device moved in; returns (pod, conf)."""
     lab.veth(f"x0{lab.tag}", f"x1{lab.tag}")
     pod = lab.pod()
-    prev = host_device_add(lab, pod, f"x0{lab.tag}", "fd00:22::1/64")
-    device = f"rxc{lab.tag}"
+    prev = host_device_add(lab, pod, f"x0{lab.tag}", address)
     in_pod(pod, "rdma", "link", "add", device, "type", "rxe", "netdev", "net1")
     conf = chained_conf(lab, prev, device)
     timed_cni("exclusive-chained", "ADD", conf, container_id=pod, netns=f"/var/run/netns/{pod}",
               ifname="net1").ok()
+    return pod, conf
+
+
+def test_check_notices_a_device_that_left_the_pod(lab, exclusive_kernel):
+    device = f"rxc{lab.tag}"
+    pod, conf = one_chained_pod(lab, "fd00:22::1/64", device)
     run_plugin("CHECK", conf, container_id=pod, netns=f"/var/run/netns/{pod}", ifname="net1").ok()
     # Someone moves the device out of the pod behind the plugin's back: a name for the host's
     # namespace, then the rdma tool from inside the pod.
@@ -123,14 +129,8 @@ def test_check_notices_a_device_that_left_the_pod(lab, exclusive_kernel):
 
 
 def test_pod_namespace_deleted_without_del(lab, exclusive_kernel):
-    lab.veth(f"x0{lab.tag}", f"x1{lab.tag}")
-    pod = lab.pod()
-    prev = host_device_add(lab, pod, f"x0{lab.tag}", "fd00:23::1/64")
     device = f"rxd{lab.tag}"
-    in_pod(pod, "rdma", "link", "add", device, "type", "rxe", "netdev", "net1")
-    conf = chained_conf(lab, prev, device)
-    timed_cni("exclusive-chained", "ADD", conf, container_id=pod, netns=f"/var/run/netns/{pod}",
-              ifname="net1").ok()
+    pod, conf = one_chained_pod(lab, "fd00:23::1/64", device)
     sh("ip", "netns", "del", pod)
     lab.pods.remove(pod)
     timed_cni("exclusive-chained", "DEL", conf, container_id=pod, netns=f"/var/run/netns/{pod}",
