@@ -32,6 +32,7 @@ ENV_FILE=$CACHE/kernel.env
 # is: the guest sees the host's root filesystem.
 VENV=$CACHE/vng-venv
 VNG=$VENV/bin/vng
+VNG_VERSION=1.42
 
 log() { echo "fetch-kernel: $*" >&2; }
 die() { echo "fetch-kernel: ERROR: $*" >&2; exit 1; }
@@ -72,11 +73,13 @@ if [ ${#missing[@]} -gt 0 ]; then
     fi
 fi
 
-if [ ! -x "$VNG" ]; then
-    log "installing virtme-ng into $VENV"
+if [ ! -x "$VNG" ] || ! "$VENV/bin/pip" show virtme-ng 2>/dev/null | grep -qx "Version: $VNG_VERSION"; then
+    log "installing virtme-ng $VNG_VERSION into $VENV"
     rm -rf "$VENV"
     /usr/bin/python3 -m venv "$VENV"
-    "$VENV/bin/pip" install -q virtme-ng >&2
+    # Pinned: run-in-guest.sh relies on this release's flags (--disable-kvm, --rwdir, --network
+    # loop, --exec); raise it deliberately, with a suite run.
+    "$VENV/bin/pip" install -q "virtme-ng==$VNG_VERSION" >&2
 fi
 [ -x "$VNG" ] || die "virtme-ng install failed: $VNG missing"
 # vng starts its helpers (virtme-run, ...) through PATH, so callers must put
