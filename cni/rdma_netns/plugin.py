@@ -190,8 +190,11 @@ def _rollback(state: dict, env: CniEnv, cfg: loader.Config, store: StateStore) -
 def _add_rails(env: CniEnv, cfg: loader.Config, mode: modes.Mode, plan: list[rails.Rail],
                parents: list[rtnl.Link], host_sock: NetlinkSocket, pod_fd: int, state: dict) -> dict:
     net = cfg.net
-    extra = {k: v for k, v in (("args", cfg.args), ("runtimeConfig", {"ips": cfg.runtime.ips} if cfg.runtime.ips
-                                                                       else None)) if v}
+    extra: dict[str, object] = {}  # what the IPAM delegate may use of the runtime's per-call keys
+    if cfg.args:
+        extra["args"] = cfg.args
+    if cfg.runtime.ips:
+        extra["runtimeConfig"] = {"ips": cfg.runtime.ips}
     ipam_results = []
     for rail, rail_state in zip(plan, state["rails"]):
         rail_state["ipamStarted"] = True  # from here on a rollback owes this rail an IPAM DEL

@@ -34,8 +34,10 @@ def _enter_pod_sysfs(netns_fd: int) -> None:
         raise OSError(netns.libc_errno(), "mount sysfs")
 
 
-def call_in_pod_view(netns_fd: int, func: Callable[[], object], timeout: float = 30.0) -> object:
-    """Run `func` in a child that sees the pod's sysfs; return its JSON-able result."""
+def call_in_pod_view(netns_fd: int, func: Callable[[], object]) -> object:
+    """Run `func` in a child that sees the pod's sysfs; return its JSON-able result.
+
+    The child is bounded by `func` itself (callers pass a lookup with its own deadline)."""
     read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()
     if pid == 0:  # child: never returns

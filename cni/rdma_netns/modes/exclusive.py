@@ -16,7 +16,6 @@ from rdma_netns.kernel.netlink import NetlinkError, NetlinkSocket
 from rdma_netns.rails import Rail
 from rdma_netns.spec.errors import IFNAME_EXISTS, INVALID_CONFIG, KERNEL_REJECTED, CniError
 
-NETLINK_RDMA = 20
 # Link kinds a NIC handed to a pod can have: none for PCI functions, veth in tests. Kinds that
 # copy a parent's MAC (vlan, macvlan, ipvlan) are never mistaken for the NIC.
 PHYSICAL_KINDS = ("", "veth")
@@ -93,9 +92,9 @@ class ExclusiveMode:
 
 def rdma_device_visible(device: str) -> bool:
     """Is the RDMA device visible in the caller's current namespace (NETLINK_RDMA GET)?"""
-    from rdma_netns.kernel import rdma_nldev
+    from rdma_netns.kernel import rdma_nldev  # only exclusive mode talks NETLINK_RDMA
 
-    with NetlinkSocket(NETLINK_RDMA) as sock:
+    with NetlinkSocket(rdma_nldev.NETLINK_RDMA) as sock:
         return rdma_nldev.device_index(sock, device) is not None
 
 
@@ -103,7 +102,7 @@ def move_rdma_device(device: str, netns_fd: int, missing_ok: bool = False) -> No
     """Move an RDMA device (by name, looked up in the caller's current namespace) to `netns_fd`."""
     from rdma_netns.kernel import rdma_nldev  # only exclusive mode talks NETLINK_RDMA
 
-    with NetlinkSocket(NETLINK_RDMA) as sock:
+    with NetlinkSocket(rdma_nldev.NETLINK_RDMA) as sock:
         index = rdma_nldev.device_index(sock, device)
         if index is None:
             if missing_ok:
