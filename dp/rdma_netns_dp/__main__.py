@@ -1,0 +1,3 @@
+from rdma_netns_dp.main import main
+
+raise SystemExit(main())

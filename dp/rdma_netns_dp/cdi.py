@@ -1,0 +1,62 @@
+"""The CDI spec file: lets the container runtime inject the RDMA devices by name.
+
+With CDI, Allocate returns names like "rdma-netns.io/rdma_hca=mlx5_0" and the runtime reads the
+device nodes from this file when it creates the container, which is later than Allocate: the
+spec is rewritten whenever a device's char devices change, so a renumbered uverbsN is right.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from rdma_netns_dp.allocation import RDMA_CM, cdi_kind
+from rdma_netns_dp.discovery import RdmaDevice
+
+CDI_VERSION = "0.6.0"
+
+
+def spec_path(spec_dir: str, slug: str) -> str:
+    return os.path.join(spec_dir, f"rdma-netns-{slug}.json")
+
+
+def build_spec(slug: str, devices: list[RdmaDevice], dev_root: str, include_umad: bool) -> dict:
+    entries = []
+    for device in sorted(devices, key=lambda d: d.name):
+        chars = ([device.uverbs] if device.uverbs else []) + (list(device.mad) if include_umad else [])
+        if not chars:
+            continue
+        entries.append({"name": device.name, "containerEdits": {"deviceNodes": [
+            {"path": c.container_path, "hostPath": os.path.join(dev_root, "infiniband", c.name),
+             "permissions": "rw"} for c in chars]}})
+    return {
+        "cdiVersion": CDI_VERSION,
+        "kind": cdi_kind(slug),
+        "devices": entries,
+        # Applied once whenever any device of this spec is injected.
+        "containerEdits": {"deviceNodes": [{"path": f"/dev/infiniband/{RDMA_CM}",
+                                            "hostPath": os.path.join(dev_root, "infiniband", RDMA_CM),
+                                            "permissions": "rw"}]},
+    }
+
+
+def write_spec(spec_dir: str, slug: str, spec: dict) -> bool:
+    """Write atomically (runtimes may read at any moment); False when the content is unchanged."""
+    path = spec_path(spec_dir, slug)
+    text = json.dumps(spec, indent=2, sort_keys=True) + "\n"
+    try:
+        with open(path) as f:
+            if f.read() == text:
+                return False
+    except OSError:
+        pass
+    os.makedirs(spec_dir, mode=0o755, exist_ok=True)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(tmp, 0o644)
+    os.rename(tmp, path)
+    return True
+

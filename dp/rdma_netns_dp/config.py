@@ -1,0 +1,167 @@
+"""The device plugin's configuration: a YAML or JSON file, then CLI flags on top.
+
+Validated once at start with pydantic, so a typo stops the daemon with a clear message instead
+of advertising the wrong devices to kubelet.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+# Kubernetes extended resource names: a DNS-subdomain prefix, "/", a name (validation.IsQualifiedName).
+_RESOURCE_NAME = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_PCI_ID = re.compile(r"^(0x)?[0-9a-fA-F]{4}$")
+
+
+class ConfigError(ValueError):
+    """The configuration cannot be used; the message says what and where."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class Selectors(_Strict):
+    """Which RDMA devices a resource takes. Every non-empty list must match (globs allowed)."""
+
+    rdmaDevices: list[str] = Field(default_factory=list)
+    netdevs: list[str] = Field(default_factory=list)
+    vendors: list[str] = Field(default_factory=list)
+    deviceIDs: list[str] = Field(default_factory=list)
+    drivers: list[str] = Field(default_factory=list)
+    linkTypes: list[Literal["ethernet", "infiniband"]] = Field(default_factory=list)
+
+    @field_validator("vendors", "deviceIDs")
+    @classmethod
+    def _pci_ids(cls, values: list[str]) -> list[str]:
+        for value in values:
+            if not _PCI_ID.match(value):
+                raise ValueError(f"{value!r} is not a 4-digit hex PCI id (like 15b3 or 0x15b3)")
+        return [v.lower().removeprefix("0x") for v in values]
+
+
+class ResourceConfig(_Strict):
+    name: str = "rdma/hca"
+    sharedUnits: int = Field(1000, ge=1, le=100000)
+    includeUmad: bool = False
+    selectors: Selectors = Field(default_factory=Selectors)
+
+    @field_validator("name")
+    @classmethod
+    def _resource_name(cls, value: str) -> str:
+        if len(value) > 253 or not _RESOURCE_NAME.match(value) or value.startswith("kubernetes.io/"):
+            raise ValueError(f"{value!r} is not an extended resource name like rdma/hca")
+        return value
+
+    @property
+    def slug(self) -> str:
+        """The resource name as a file-name part: rdma/hca -> rdma_hca."""
+        return self.name.replace("/", "_")
+
+
+class CdiConfig(_Strict):
+    enabled: bool = False
+    specDir: str = "/var/run/cdi"
+
+    @field_validator("specDir")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        return os.path.abspath(value)
+
+
+class DevicePluginConfig(_Strict):
+    mode: Literal["shared", "exclusive", "auto"] = "auto"
+    kubeletDir: str = "/var/lib/kubelet"
+    sysfsRoot: str = "/sys"
+    devRoot: str = "/dev"
+    cniStateDir: str = "/var/lib/cni/rdma-netns"
+    healthIntervalSeconds: float = Field(1.0, gt=0, le=60)
+    registration: Literal["kubelet", "watcher"] = "kubelet"
+    healthFile: str | None = "/run/rdma-netns-dp/health.json"
+    ensureKernelMode: bool = False
+    cdi: CdiConfig = Field(default_factory=CdiConfig)
+    resources: list[ResourceConfig] = Field(default_factory=lambda: [ResourceConfig()])
+
+    @field_validator("kubeletDir", "sysfsRoot", "devRoot", "cniStateDir", "healthFile")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        """Relative paths would mean something else to gRPC ("unix:rel") and to kubelet."""
+        return os.path.abspath(value) if value else value
+
+    @model_validator(mode="after")
+    def _distinct_resources(self) -> DevicePluginConfig:
+        names = [r.name for r in self.resources]
+        if not names:
+            raise ValueError("resources: at least one resource is needed")
+        if len(set(names)) != len(names):
+            raise ValueError(f"resources: names must be distinct, got {names}")
+        return self
+
+
+def parse(text: str, source: str) -> DevicePluginConfig:
+    """Parse YAML or JSON text (JSON is YAML, but JSON errors read better from json)."""
+    stripped = text.lstrip()
+    try:
+        if stripped.startswith("{"):
+            data = json.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text)
+    except Exception as exc:  # json.JSONDecodeError, yaml.YAMLError
+        raise ConfigError(f"{source}: not valid YAML/JSON: {exc}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping, got {type(data).__name__}")
+    return validate(data, source)
+
+
+def validate(data: dict, source: str) -> DevicePluginConfig:
+    try:
+        return DevicePluginConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '(top)'}: {err['msg']}" for err in exc.errors())
+        raise ConfigError(f"{source}: {problems}") from None
+
+
+def load(path: str | None, overrides: dict) -> DevicePluginConfig:
+    """The config file (if any) with CLI overrides applied, validated as a whole."""
+    data: dict = {}
+    source = "command line"
+    if path:
+        try:
+            with open(path) as f:
+                text = f.read()
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+        data = parse(text, path).model_dump()
+        source = f"{path} with command-line flags"
+    resource_overrides = {k: overrides.pop(k) for k in ("resourceName", "sharedUnits") if k in overrides}
+    cdi_overrides = {k: overrides.pop(k) for k in ("cdiEnabled", "cdiSpecDir") if k in overrides}
+    data.update(overrides)
+    if resource_overrides:
+        resources = data.get("resources") or [{}]
+        if len(resources) != 1:
+            raise ConfigError("--resource-name/--shared-units apply only to a config with one resource")
+        first = dict(resources[0])
+        if "resourceName" in resource_overrides:
+            first["name"] = resource_overrides["resourceName"]
+        if "sharedUnits" in resource_overrides:
+            first["sharedUnits"] = resource_overrides["sharedUnits"]
+        data["resources"] = [first]
+    if cdi_overrides:
+        cdi = dict(data.get("cdi") or {})
+        if "cdiEnabled" in cdi_overrides:
+            cdi["enabled"] = cdi_overrides["cdiEnabled"]
+        if "cdiSpecDir" in cdi_overrides:
+            cdi["specDir"] = cdi_overrides["cdiSpecDir"]
+        data["cdi"] = cdi
+    return validate(data, source)

@@ -1,0 +1,109 @@
+"""The daemon's loop: discover, update every resource, keep kubelet registrations alive, write
+the health file; once per health interval, until SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+
+from rdma_netns_dp import cdi, kernel_mode
+from rdma_netns_dp.cni_state import devices_in_pods
+from rdma_netns_dp.config import DevicePluginConfig
+from rdma_netns_dp.discovery import Sysfs
+from rdma_netns_dp.inventory import Pool
+from rdma_netns_dp.resource_plugin import ResourcePlugin
+
+log = logging.getLogger("rdma_netns_dp.daemon")
+
+
+class Daemon:
+    def __init__(self, config: DevicePluginConfig) -> None:
+        self.config = config
+        self.sysfs = Sysfs(config.sysfsRoot)
+        self.mode = kernel_mode.resolve(config.mode, self.sysfs)
+        self.stop_event = threading.Event()
+        self.pools = [Pool(resource, self.mode) for resource in config.resources]
+        self.plugins = [ResourcePlugin(pool, self.sysfs, config.kubeletDir, config.devRoot,
+                                       config.cdi.enabled, config.registration) for pool in self.pools]
+        self._last_blocked: str | None = None
+
+    def poll(self) -> None:
+        """One discovery pass; cheap (a few sysfs reads per device)."""
+        devices = self.sysfs.devices()
+        blocked = kernel_mode.mismatch(self.mode, self.sysfs)
+        if blocked != self._last_blocked:
+            (log.error if blocked else log.info)(blocked or "kernel RDMA netns mode now matches",
+                                                 extra={"mode": self.mode})
+            self._last_blocked = blocked
+        in_pods: set[str] = set()
+        if self.mode == "exclusive":
+            present = {d.name for d in devices}
+            if any(name not in present for pool in self.pools for name in pool._known_ids):
+                in_pods = devices_in_pods(self.config.cniStateDir)
+        for pool in self.pools:
+            if pool.update(devices, in_pods, blocked):
+                _, units = pool.snapshot()
+                log.info("devices", extra={"resource": pool.resource.name, "devices": len(units),
+                                           "healthy": sum(u.healthy for u in units),
+                                           "rdma_devices": [d.name for d in pool.devices],
+                                           "in_pods": sorted(pool.in_pods), "blocked": blocked})
+            if self.config.cdi.enabled:
+                spec = cdi.build_spec(pool.resource.slug, list(pool.devices), self.config.devRoot,
+                                      pool.resource.includeUmad)
+                if cdi.write_spec(self.config.cdi.specDir, pool.resource.slug, spec):
+                    log.info("CDI spec written", extra={"path": cdi.spec_path(self.config.cdi.specDir,
+                                                                              pool.resource.slug)})
+
+    def write_health(self) -> None:
+        path = self.config.healthFile
+        if not path:
+            return
+        status = {"time": time.time(), "pid": os.getpid(), "mode": self.mode,
+                  "blocked": self._last_blocked,
+                  "resources": {p.pool.resource.name: {"registered": p.registered,
+                                                       "devices": len(p.pool.units),
+                                                       "healthy": p.pool.healthy_count()}
+                                for p in self.plugins}}
+        folder = os.path.dirname(path) or "."
+        os.makedirs(folder, exist_ok=True)
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(status, f)
+        os.rename(tmp, path)
+
+    def run(self) -> int:
+        log.info("starting", extra={"mode": self.mode, "resources": [r.name for r in self.config.resources],
+                                    "kubelet_dir": self.config.kubeletDir,
+                                    "registration": self.config.registration})
+        if self.config.ensureKernelMode:
+            kernel_mode.ensure(self.mode, self.sysfs)
+        interval = self.config.healthIntervalSeconds
+        try:
+            while not self.stop_event.is_set():
+                started = time.monotonic()
+                self.poll()
+                for plugin in self.plugins:
+                    try:
+                        plugin.tick()
+                    except Exception:  # one bad pass must not end the node's RDMA advertising
+                        log.exception("serving or registering failed; trying again next interval",
+                                      extra={"resource": plugin.pool.resource.name})
+                self.write_health()
+                self.stop_event.wait(max(0.0, interval - (time.monotonic() - started)))
+        finally:
+            self.shutdown()
+        return 0
+
+    def shutdown(self) -> None:
+        log.info("stopping: removing sockets")
+        for plugin in self.plugins:
+            plugin.stop()
+        if self.config.healthFile:
+            for path in (self.config.healthFile, f"{self.config.healthFile}.tmp"):
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass

@@ -1,0 +1,64 @@
+"""The startup option "RDMA for non-hostNetwork pods": the kernel's RDMA netns mode must be the
+one the node's CNI mode needs (shared for macvlan/ipvlan rails, exclusive for moved devices).
+
+The kernel refuses a change (EBUSY) while any other network namespace exists, so the daemon
+can only set it on a fresh node, before pods run; otherwise it says which namespaces block it
+and how to make it stick at boot. While the modes differ, the resource's units are Unhealthy:
+a pod scheduled there would get RDMA devices that do not work the way its network expects.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from rdma_netns_dp.discovery import Sysfs
+
+log = logging.getLogger("rdma_netns_dp.kernel_mode")
+
+
+def resolve(configured: str, sysfs: Sysfs) -> str:
+    """The mode the resources run in: the configured one, or the kernel's when 'auto'."""
+    if configured != "auto":
+        return configured
+    return sysfs.netns_mode() or "shared"
+
+
+def mismatch(wanted: str, sysfs: Sysfs) -> str | None:
+    """Why devices cannot be offered in `wanted` mode now (None when the kernel agrees)."""
+    current = sysfs.netns_mode()
+    if current is None or current == wanted:
+        return None
+    return (f"the kernel's RDMA netns mode is {current} but this node's pods need {wanted}: "
+            f"run `rdma-netns mode set {wanted} --persist` and reboot, or start the daemon with "
+            "--ensure-kernel-mode before pods run")
+
+
+def ensure(wanted: str, sysfs: Sysfs) -> bool:
+    """Set the kernel's mode to `wanted` if it differs and nothing blocks it; log the outcome."""
+    current = sysfs.netns_mode()
+    if current is None:
+        log.warning("no RDMA subsystem in this kernel (ib_core not loaded): RDMA netns mode not checked")
+        return False
+    if current == wanted:
+        log.info("kernel RDMA netns mode is as needed", extra={"mode": current})
+        return True
+    from rdma_netns.kernel.netns import other_namespaces
+    from rdma_netns.kernel.rdma_netlink import RdmaBusy, RdmaError, RdmaNetlink
+
+    blockers = other_namespaces()
+    if blockers:
+        log.error("cannot set the kernel RDMA netns mode: other network namespaces exist (the kernel "
+                  "would answer EBUSY); persist it with `rdma-netns mode set %s --persist` and reboot",
+                  wanted, extra={"mode": current, "wanted": wanted, "blocking": blockers[:10]})
+        return False
+    try:
+        with RdmaNetlink() as rdma:
+            rdma.set_netns_mode(wanted)
+    except RdmaBusy as exc:
+        log.error("cannot set the kernel RDMA netns mode: %s", exc, extra={"wanted": wanted})
+        return False
+    except (RdmaError, OSError) as exc:
+        log.error("setting the kernel RDMA netns mode failed: %s", exc, extra={"wanted": wanted})
+        return False
+    log.info("kernel RDMA netns mode set", extra={"mode": wanted, "was": current})
+    return True

@@ -1,0 +1,144 @@
+"""One resource's life towards kubelet: serve its socket, register, and do both again whenever
+kubelet restarts (it wipes the device-plugins folder and re-creates kubelet.sock) or our socket
+vanishes. Devices live in the Pool, outside the server, so a restart loses nothing."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from concurrent import futures
+
+import grpc
+
+from rdma_netns_dp.api.deviceplugin.v1beta1 import api_pb2_grpc
+from rdma_netns_dp.discovery import Sysfs
+from rdma_netns_dp.inventory import Pool
+from rdma_netns_dp.registration import RegistrationFailed, WatcherRegistration, register, serve_watcher
+from rdma_netns_dp.servicer import DevicePluginServicer
+
+log = logging.getLogger("rdma_netns_dp.resource_plugin")
+BACKOFF_FIRST = 0.5
+BACKOFF_MAX = 10.0
+
+
+def _inode(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+class ResourcePlugin:
+    def __init__(self, pool: Pool, sysfs: Sysfs, kubelet_dir: str, dev_root: str, use_cdi: bool,
+                 registration: str, workers: int = 32) -> None:
+        self.pool = pool
+        self.sysfs = sysfs
+        self.dev_root = dev_root
+        self.use_cdi = use_cdi
+        self.registration = registration
+        self.workers = workers
+        kubelet_dir = os.path.abspath(kubelet_dir)  # gRPC reads "unix:relative" differently
+        self.plugin_dir = os.path.join(kubelet_dir, "device-plugins")
+        self.kubelet_socket = os.path.join(self.plugin_dir, "kubelet.sock")
+        self.socket_name = f"rdma-netns-{pool.resource.slug}.sock"
+        self.socket_path = os.path.join(self.plugin_dir, self.socket_name)
+        self.watcher_socket = os.path.join(kubelet_dir, "plugins_registry", self.socket_name)
+        self.server: grpc.Server | None = None
+        self.servicer: DevicePluginServicer | None = None
+        self.watcher_server: grpc.Server | None = None
+        self.watcher: WatcherRegistration | None = None
+        self._serving_inode: tuple[int, int] | None = None
+        self._registered_with: tuple[int, int] | None = None   # kubelet.sock inode we registered with
+        self._next_attempt = 0.0
+        self._backoff = BACKOFF_FIRST
+        self._last_failure: str | None = None
+
+    @property
+    def registered(self) -> bool:
+        if self.registration == "watcher":
+            return bool(self.watcher and self.watcher.registered)
+        return self._registered_with is not None
+
+    def _start_server(self) -> None:
+        self._stop_server()
+        os.makedirs(self.plugin_dir, exist_ok=True)
+        try:
+            os.unlink(self.socket_path)
+        except FileNotFoundError:
+            pass
+        self.servicer = DevicePluginServicer(self.pool, self.sysfs, self.dev_root, self.use_cdi)
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.workers))
+        api_pb2_grpc.add_DevicePluginServicer_to_server(self.servicer, server)
+        server.add_insecure_port(f"unix://{self.socket_path}")
+        server.start()
+        self.server = server
+        self._serving_inode = _inode(self.socket_path)
+        self._registered_with = None
+        if self.registration == "watcher":
+            os.makedirs(os.path.dirname(self.watcher_socket), exist_ok=True)
+            self.watcher = WatcherRegistration(self.pool.resource.name, self.socket_path)
+            self.watcher_server = serve_watcher(self.watcher, self.watcher_socket)
+        log.info("serving", extra={"resource": self.pool.resource.name, "socket": self.socket_path,
+                                   "registration": self.registration})
+
+    def _stop_server(self) -> None:
+        if self.servicer:
+            self.servicer.stopping.set()
+            self.pool.wake_all()
+        for server in (self.server, self.watcher_server):
+            if server is not None:
+                server.stop(grace=0.2).wait(2)
+        self.server = self.watcher_server = None
+        self.watcher = None
+        self.servicer = None
+
+    def tick(self) -> None:
+        """Called every health interval: restart and re-register when kubelet needs it."""
+        if self.server is None or _inode(self.socket_path) != self._serving_inode:
+            if self.server is not None:
+                log.warning("our socket is gone (kubelet restarted?): serving again",
+                            extra={"resource": self.pool.resource.name, "socket": self.socket_path})
+            self._start_server()
+            self._next_attempt = 0.0
+            self._backoff = BACKOFF_FIRST
+        if self.registration != "kubelet":
+            return
+        kubelet = _inode(self.kubelet_socket)
+        if kubelet is not None and kubelet == self._registered_with:
+            return
+        if self._registered_with is not None:
+            log.warning("kubelet.sock was re-created (kubelet restarted): registering again",
+                        extra={"resource": self.pool.resource.name})
+            self._registered_with = None
+            self._next_attempt = 0.0
+            self._backoff = BACKOFF_FIRST
+        if time.monotonic() < self._next_attempt:
+            return
+        try:
+            register(self.kubelet_socket, self.socket_name, self.pool.resource.name, self.servicer.options())
+        except RegistrationFailed as exc:
+            reason = str(exc)
+            if reason != self._last_failure:
+                log.warning("registration with kubelet failed; retrying with back-off: %s", reason,
+                            extra={"resource": self.pool.resource.name, "retry_in_s": self._backoff})
+            else:
+                log.debug("registration retry failed: %s", reason, extra={"retry_in_s": self._backoff})
+            self._last_failure = reason
+            self._next_attempt = time.monotonic() + self._backoff
+            self._backoff = min(self._backoff * 2, BACKOFF_MAX)
+            return
+        self._registered_with = kubelet or _inode(self.kubelet_socket)
+        self._last_failure = None
+        self._backoff = BACKOFF_FIRST
+        log.info("registered with kubelet", extra={"resource": self.pool.resource.name,
+                                                   "endpoint": self.socket_name})
+
+    def stop(self) -> None:
+        self._stop_server()
+        for path in (self.socket_path, self.watcher_socket):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
