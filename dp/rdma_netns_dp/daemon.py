@@ -41,7 +41,7 @@ class Daemon:
         in_pods: set[str] = set()
         if self.mode == "exclusive":
             present = {d.name for d in devices}
-            if any(name not in present for pool in self.pools for name in pool._known_ids):
+            if any(name not in present for pool in self.pools for name in pool.known_names()):
                 in_pods = devices_in_pods(self.config.cniStateDir)
         for pool in self.pools:
             if pool.update(devices, in_pods, blocked):

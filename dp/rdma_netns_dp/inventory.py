@@ -44,7 +44,7 @@ class Pool:
         self.in_pods: frozenset[str] = frozenset()    # exclusive: selected devices inside pods
         self.blocked_reason: str | None = None        # all units Unhealthy, and why
         self._by_id: dict[str, RdmaDevice] = {}
-        self._known_ids: dict[str, str] = {}          # exclusive: name -> id of devices seen before
+        self._known: dict[str, Unit] = {}            # exclusive: name -> last unit of devices seen
 
     @property
     def shared(self) -> bool:
@@ -61,12 +61,12 @@ class Pool:
         else:
             units_list = []
             for d in selected:
-                self._known_ids[d.name] = d.stable_id
+                self._known[d.name] = Unit(d.stable_id, True, d.numa_node)
                 units_list.append(Unit(d.stable_id, blocked_reason is None and d.healthy, d.numa_node))
             present = {d.name for d in selected}
-            away = frozenset(n for n in (in_pods or set()) if n in self._known_ids and n not in present)
+            away = frozenset(n for n in (in_pods or set()) if n in self._known and n not in present)
             # Moved into a pod by the CNI plugin: still this node's device, in use, not removed.
-            units_list += [Unit(self._known_ids[n], True) for n in sorted(away)]
+            units_list += [self._known[n] for n in sorted(away)]
             units = tuple(sorted(units_list, key=lambda u: u.id))
         with self.changed:
             self.devices = selected
@@ -108,6 +108,11 @@ class Pool:
                 raise UnknownDevice(f"{self.resource.name}: devices {missing} are not on the node now "
                                     "(inside another pod's network namespace or removed)")
             return [self._by_id[i] for i in dict.fromkeys(ids)]
+
+    def known_names(self) -> set[str]:
+        """Exclusive mode: every device name this pool has ever advertised."""
+        with self.changed:
+            return set(self._known)
 
     def numa_of(self) -> dict[str, int | None]:
         with self.changed:
