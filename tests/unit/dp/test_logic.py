@@ -209,3 +209,10 @@ def test_config_file_and_flags(tmp_path):
 def test_config_errors_name_the_problem(text, needle):
     with pytest.raises(ConfigError, match=needle):
         parse(text, "dp.yaml")
+
+
+def test_every_shipped_device_plugin_config_validates():
+    files = sorted((Path(__file__).resolve().parents[3] / "conf").glob("rdma-netns-dp-*.yaml"))
+    assert len(files) >= 2
+    modes = {load(str(f), {}).mode for f in files}
+    assert modes == {"shared", "exclusive"}
