@@ -17,7 +17,11 @@ def _mode(args: argparse.Namespace) -> int:
     from rdma_netns.admin import mode
 
     if args.action == "set":
-        status, text = mode.set_mode(args.value, args.persist, args.modprobe_file)
+        if args.value is None:
+            print("mode set: say shared or exclusive", file=sys.stderr)
+            return 2
+        status, text = mode.set_mode(args.value, args.persist or args.persist_only, args.modprobe_file,
+                                     live=not args.persist_only)
     else:
         status, text = mode.show()
     print(text, file=sys.stdout if status == 0 else sys.stderr)
@@ -91,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--persist", action="store_true",
                    help="also write `options ib_core netns_mode=` to modprobe.d so the mode survives reboots")
     p.add_argument("--modprobe-file", default="/etc/modprobe.d/rdma-netns.conf", help=argparse.SUPPRESS)
+    p.add_argument("--persist-only", action="store_true", help=argparse.SUPPRESS)  # install.sh --root
     p.set_defaults(func=_mode)
     p = sub.add_parser("devices", help="list the RDMA devices visible here, their ports and netdevs")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")

@@ -58,13 +58,18 @@ def persist(mode: str, path: str = MODPROBE_FILE) -> None:
     os.rename(tmp, path)
 
 
-def set_mode(mode: str, persist_it: bool, modprobe_file: str = MODPROBE_FILE) -> tuple[int, str]:
-    """Set the live mode (if the kernel lets us now) and optionally persist it; explain either way."""
+def set_mode(mode: str, persist_it: bool, modprobe_file: str = MODPROBE_FILE,
+             live: bool = True) -> tuple[int, str]:
+    """Set the live mode (if the kernel lets us now) and optionally persist it; explain either way.
+
+    live=False only persists: install.sh uses it when installing into another root."""
     from rdma_netns.kernel.rdma_netlink import RdmaBusy, RdmaError, RdmaNetlink
 
     messages = []
     status = 0
-    if rdma_sysfs.netns_mode() is None:
+    if not live:
+        pass
+    elif rdma_sysfs.netns_mode() is None:
         messages.append("this kernel has no RDMA subsystem loaded: nothing to change now")
         status = 1
     else:

@@ -1,0 +1,182 @@
+#!/usr/bin/env bash
+# Install rdma-netns on a node, idempotently, and uninstall exactly what was installed.
+#
+#   sudo ./install.sh [--conflist conf/rdma-netns-shared-1rail.conflist] [--persist-mode shared|exclusive]
+#   sudo ./install.sh --uninstall
+#
+# What it puts where (each path can be moved with a flag; --root DIR prefixes all of them):
+#   /opt/rdma-netns/            a virtual environment with rdma-netns and rdma-netns-dp installed
+#   /opt/cni/bin/rdma-netns     the launcher a container runtime executes (python -IS, this venv)
+#   /etc/cni/net.d/<conflist>   the network config, only if no file of that name exists (or --force)
+#   /etc/modprobe.d/rdma-netns.conf   with --persist-mode: the kernel RDMA netns mode at boot
+#   /opt/rdma-netns/install-manifest  what this script created, so --uninstall removes only that
+set -euo pipefail
+
+SRC=$(cd "$(dirname "$0")" && pwd)
+ROOT=/
+PREFIX=/opt/rdma-netns
+CNI_BIN_DIR=/opt/cni/bin
+CNI_CONF_DIR=/etc/cni/net.d
+CONFLIST=
+FORCE=0
+PERSIST_MODE=
+UNINSTALL=0
+DRY_RUN=0
+PYTHON=${PYTHON:-python3}
+
+usage() {
+  sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
+  cat <<EOF
+
+options:
+  --conflist FILE        network config to install into the CNI config folder (default: none)
+  --force                replace an existing config file of the same name
+  --persist-mode MODE    write the boot-time RDMA netns mode (shared|exclusive) to modprobe.d,
+                         and set it now if no other network namespace exists
+  --prefix DIR           virtual environment folder (default $PREFIX)
+  --cni-bin-dir DIR      CNI plugin folder the runtime searches (default $CNI_BIN_DIR)
+  --cni-conf-dir DIR     CNI config folder (default $CNI_CONF_DIR)
+  --python PYTHON        interpreter for the venv, 3.11 or newer (default python3)
+  --root DIR             install under DIR instead of / (for images and tests)
+  --dry-run              print what would be done, change nothing
+  --uninstall            remove what an earlier install added (per its manifest)
+EOF
+}
+
+die() { echo "install.sh: $*" >&2; exit 1; }
+say() { echo "install.sh: $*"; }
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --conflist) CONFLIST=${2:?}; shift ;;
+    --force) FORCE=1 ;;
+    --persist-mode) PERSIST_MODE=${2:?}; shift ;;
+    --prefix) PREFIX=${2:?}; shift ;;
+    --cni-bin-dir) CNI_BIN_DIR=${2:?}; shift ;;
+    --cni-conf-dir) CNI_CONF_DIR=${2:?}; shift ;;
+    --python) PYTHON=${2:?}; shift ;;
+    --root) ROOT=${2:?}; shift ;;
+    --dry-run) DRY_RUN=1 ;;
+    --uninstall) UNINSTALL=1 ;;
+    -h|--help) usage; exit 0 ;;
+    *) usage >&2; die "unknown option: $1" ;;
+  esac
+  shift
+done
+
+case "$PERSIST_MODE" in ""|shared|exclusive) ;; *) die "--persist-mode must be shared or exclusive" ;; esac
+[ -d "$ROOT" ] || die "--root $ROOT is not a folder"
+ROOT=$(cd "$ROOT" && pwd)
+at() { if [ "$ROOT" = / ]; then echo "$1"; else echo "$ROOT$1"; fi; }
+VENV=$(at "$PREFIX")
+MANIFEST="$VENV/install-manifest"
+BIN_DEST=$(at "$CNI_BIN_DIR")/rdma-netns
+MODPROBE=$(at /etc/modprobe.d/rdma-netns.conf)
+
+run() {  # run a command, or show it under --dry-run
+  if [ "$DRY_RUN" = 1 ]; then echo "would run: $*"; else "$@"; fi
+}
+
+# The manifest lists "file <path> <sha256>" and "dir <path>" lines for what this script created.
+record() { [ "$DRY_RUN" = 1 ] || echo "$*" >>"$MANIFEST.new"; }
+
+make_dir() {  # create a folder (and its missing parents), recording the ones we created
+  local dir=$1 missing=() d
+  d=$dir
+  while [ ! -d "$d" ]; do missing=("$d" "${missing[@]}"); d=$(dirname "$d"); done
+  for d in "${missing[@]}"; do
+    run mkdir -m 0755 "$d"
+    record "dir $d"
+  done
+}
+
+uninstall() {
+  [ -f "$MANIFEST" ] || { say "nothing to uninstall: no manifest at $MANIFEST"; exit 0; }
+  local kind path sum dirs=()
+  while read -r kind path sum; do
+    case "$kind" in
+      file)
+        if [ ! -e "$path" ]; then continue; fi
+        if [ -n "$sum" ] && [ "$(sha256sum "$path" | cut -d' ' -f1)" != "$sum" ]; then
+          say "keeping $path: it was changed after install"
+          continue
+        fi
+        run rm -f "$path"; say "removed $path" ;;
+      dir) dirs=("$path" "${dirs[@]}") ;;
+    esac
+  done <"$MANIFEST"
+  run rm -rf "$VENV"; say "removed $VENV"
+  for path in "${dirs[@]}"; do  # deepest first; only if we made it and it is empty now
+    [ "$path" = "$VENV" ] && continue
+    if [ -d "$path" ] && [ -z "$(ls -A "$path")" ]; then run rmdir "$path"; say "removed $path"; fi
+  done
+  exit 0
+}
+
+[ "$UNINSTALL" = 1 ] && uninstall
+
+# --- install ---------------------------------------------------------------------------------
+"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null \
+  || die "$PYTHON is not Python 3.11 or newer (use --python)"
+# Refuse before changing anything: never clobber what someone else put there.
+if [ -n "$CONFLIST" ]; then
+  [ -f "$CONFLIST" ] || die "--conflist $CONFLIST does not exist"
+  dest=$(at "$CNI_CONF_DIR")/$(basename "$CONFLIST")
+  if [ -e "$dest" ] && ! cmp -s "$CONFLIST" "$dest" && [ "$FORCE" = 0 ]; then
+    die "$dest exists and differs: not replacing it (use --force)"
+  fi
+fi
+if [ -e "$BIN_DEST" ] && [ "$FORCE" = 0 ] && ! grep -qs "^file $BIN_DEST\$" "$MANIFEST"; then
+  die "$BIN_DEST exists and was not installed by this script: not replacing it (use --force)"
+fi
+
+venv_parents=()
+d=$VENV
+while [ ! -d "$d" ]; do venv_parents=("$d" "${venv_parents[@]}"); d=$(dirname "$d"); done
+run mkdir -p -m 0755 "$VENV"
+if [ "$DRY_RUN" = 0 ]; then
+  : >"$MANIFEST.new"
+  # Keep the records of an earlier install (a re-run must still let --uninstall remove everything).
+  [ -f "$MANIFEST" ] && cat "$MANIFEST" >>"$MANIFEST.new"
+  for d in "${venv_parents[@]}"; do record "dir $d"; done
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  run "$PYTHON" -m venv "$VENV"
+fi
+say "installing rdma-netns from $SRC into $VENV"
+run "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$SRC"
+run "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --force-reinstall "$SRC"
+
+make_dir "$(dirname "$BIN_DEST")"
+run "$VENV/bin/rdma-netns" install-launcher "$BIN_DEST"
+record "file $BIN_DEST"
+say "CNI executable: $BIN_DEST"
+
+if [ -n "$CONFLIST" ]; then
+  dest=$(at "$CNI_CONF_DIR")/$(basename "$CONFLIST")
+  run "$VENV/bin/rdma-netns" check-config "$CONFLIST" >/dev/null
+  make_dir "$(dirname "$dest")"
+  if [ -e "$dest" ] && cmp -s "$CONFLIST" "$dest"; then
+    say "$dest is already installed"
+  else
+    run install -m 0644 "$CONFLIST" "$dest"
+    [ "$DRY_RUN" = 1 ] || record "file $dest $(sha256sum "$dest" | cut -d' ' -f1)"
+    say "network config: $dest"
+  fi
+fi
+
+if [ -n "$PERSIST_MODE" ]; then
+  make_dir "$(dirname "$MODPROBE")"
+  live=(); [ "$ROOT" = / ] || live=(--persist-only)
+  run "$VENV/bin/rdma-netns" mode set "$PERSIST_MODE" --persist --modprobe-file "$MODPROBE" "${live[@]}"
+  [ "$DRY_RUN" = 1 ] || record "file $MODPROBE $(sha256sum "$MODPROBE" | cut -d' ' -f1)"
+fi
+
+if [ "$DRY_RUN" = 0 ]; then
+  # One line per path: the newest record wins (a re-install may have replaced a file).
+  tac "$MANIFEST.new" | awk '!seen[$1" "$2]++' | tac >"$MANIFEST.tmp"
+  mv "$MANIFEST.tmp" "$MANIFEST"; rm -f "$MANIFEST.new"
+  chmod 0644 "$MANIFEST"
+fi
+say "done: $("$VENV/bin/rdma-netns" --version 2>/dev/null || echo rdma-netns), $("$VENV/bin/rdma-netns-dp" --version 2>/dev/null || true)"

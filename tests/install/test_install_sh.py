@@ -1,0 +1,115 @@
+"""install.sh as a node admin runs it: into a temp root (--root), then once for real on this
+machine; idempotent, refuses to clobber, --dry-run changes nothing, --uninstall removes exactly
+what it added."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+INSTALL = REPO / "install.sh"
+CONFLIST = REPO / "conf" / "rdma-netns-shared-1rail.conflist"
+
+
+def install(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(["bash", str(INSTALL), *args], capture_output=True, text=True, timeout=600)
+    if check:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def tree(root: Path) -> dict[str, str]:
+    """Every path under root with a content digest (files) or a kind (dirs, links)."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        if rel.startswith("opt/rdma-netns/"):
+            continue  # the venv's own files: its top folder is listed
+        out[rel] = path.read_text() if path.is_file() else "dir"
+    return out
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("node-root")
+    (root / "etc/cni/net.d").mkdir(parents=True)
+    (root / "etc/cni/net.d/10-primary.conflist").write_text('{"cniVersion": "1.0.0", "name": "primary"}\n')
+    install("--root", str(root), "--conflist", str(CONFLIST), "--persist-mode", "exclusive")
+    return root
+
+
+def test_install_puts_each_part_in_place(installed):
+    launcher = installed / "opt/cni/bin/rdma-netns"
+    assert os.access(launcher, os.X_OK)
+    assert str(installed / "opt/rdma-netns/bin/python") in launcher.read_text().splitlines()[0]
+    assert (installed / "etc/cni/net.d/rdma-netns-shared-1rail.conflist").read_bytes() == CONFLIST.read_bytes()
+    assert "options ib_core netns_mode=0" in (installed / "etc/modprobe.d/rdma-netns.conf").read_text()
+    version = subprocess.run([str(launcher)], env={"CNI_COMMAND": "VERSION"}, input=b"{}",
+                             capture_output=True, timeout=60)
+    assert version.returncode == 0 and "1.1.0" in json.loads(version.stdout)["supportedVersions"]
+    dp = subprocess.run([str(installed / "opt/rdma-netns/bin/rdma-netns-dp"), "--help"],
+                        capture_output=True, text=True, timeout=60)
+    assert dp.returncode == 0 and "rdma/hca" in dp.stdout
+    manifest = (installed / "opt/rdma-netns/install-manifest").read_text()
+    assert f"file {launcher}\n" in manifest and "10-primary" not in manifest
+
+
+def test_rerun_is_idempotent_and_never_clobbers(installed, tmp_path):
+    before = tree(installed)
+    install("--root", str(installed), "--conflist", str(CONFLIST), "--persist-mode", "exclusive")
+    assert tree(installed) == before
+    other = tmp_path / CONFLIST.name
+    other.write_text(CONFLIST.read_text().replace("fd00:1::", "fd00:77::"))
+    refused = install("--root", str(installed), "--conflist", str(other), check=False)
+    assert refused.returncode == 1 and "exists and differs" in refused.stderr and "--force" in refused.stderr
+    assert tree(installed) == before, "a refused install must change nothing"
+    dry = install("--root", str(installed), "--conflist", str(other), "--force", "--dry-run")
+    assert "would run" in dry.stdout and tree(installed) == before
+
+
+def test_force_then_uninstall_leaves_only_what_was_there(installed, tmp_path):
+    other = tmp_path / CONFLIST.name
+    other.write_text(CONFLIST.read_text().replace("fd00:1::", "fd00:77::"))
+    install("--root", str(installed), "--conflist", str(other), "--force")
+    assert "fd00:77::" in (installed / "etc/cni/net.d" / CONFLIST.name).read_text()
+    done = install("--root", str(installed), "--uninstall")
+    assert "removed" in done.stdout
+    assert tree(installed) == {"etc": "dir", "etc/cni": "dir", "etc/cni/net.d": "dir",
+                               "etc/cni/net.d/10-primary.conflist": '{"cniVersion": "1.0.0", "name": "primary"}\n'}
+    again = install("--root", str(installed), "--uninstall")
+    assert "nothing to uninstall" in again.stdout
+
+
+def test_bad_arguments_are_refused_clearly(tmp_path):
+    out = install("--root", str(tmp_path), "--persist-mode", "sideways", check=False)
+    assert out.returncode == 1 and "shared or exclusive" in out.stderr
+    out = install("--root", str(tmp_path), "--conflist", str(tmp_path / "missing.conflist"), check=False)
+    assert out.returncode == 1 and "does not exist" in out.stderr
+    out = install("--bogus", check=False)
+    assert out.returncode == 1 and "unknown option" in out.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the real install needs root")
+def test_real_install_on_this_machine_and_uninstall():
+    """For real, into / (with its own prefix and a CNI bin folder nobody else uses)."""
+    prefix, bin_dir = "/opt/rdma-netns-test", "/opt/cni/bin-rdma-netns-test"
+    if os.path.exists(prefix) and not os.path.exists(f"{prefix}/install-manifest"):
+        pytest.skip(f"{prefix} exists and is not ours")
+    before_conf = sorted(os.listdir("/etc/cni/net.d")) if os.path.isdir("/etc/cni/net.d") else None
+    try:
+        install("--prefix", prefix, "--cni-bin-dir", bin_dir)
+        version = subprocess.run([f"{bin_dir}/rdma-netns"], env={"CNI_COMMAND": "VERSION"}, input=b"{}",
+                                 capture_output=True, timeout=60)
+        assert version.returncode == 0, version.stdout
+    finally:
+        install("--prefix", prefix, "--cni-bin-dir", bin_dir, "--uninstall")
+    assert not os.path.exists(prefix) and not os.path.exists(bin_dir)
+    after_conf = sorted(os.listdir("/etc/cni/net.d")) if os.path.isdir("/etc/cni/net.d") else None
+    assert after_conf == before_conf
