@@ -50,6 +50,7 @@ def run_cni(environ: dict[str, str] | None = None, stdin: bytes | None = None) -
         if raw.get("cniVersion") in versions.SUPPORTED_VERSIONS:
             error_version = raw["cniVersion"]
         cfg = loader.load(raw)
+        loader.apply_cni_args(cfg, env.args)
         from rdma_netns import plugin
 
         if env.command == "ADD":

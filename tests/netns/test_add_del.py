@@ -191,6 +191,15 @@ def test_runtime_config_mac(node):
     assert node.links(pod)["net1"]["address"] == "02:11:22:33:44:55"
 
 
+def test_cni_args_mac_as_podman_sends_it(node):
+    pod = node.pod()
+    result = node.cni("ADD", node.conf(), pod,
+                      extra_env={"CNI_ARGS": "IgnoreUnknown=1;MAC=02:11:22:33:44:66"}).ok()
+    assert node.links(pod)["net1"]["address"] == "02:11:22:33:44:66" == result["interfaces"][0]["mac"]
+    bad = node.cni("ADD", node.conf(), node.pod(), extra_env={"CNI_ARGS": "IgnoreUnknown=1;MAC=zz"})
+    assert bad.error(4)
+
+
 def test_two_networks_in_one_pod_get_separate_tables(node):
     pod = node.pod()
     node.cni("ADD", node.conf(), pod, ifname="net1").ok()

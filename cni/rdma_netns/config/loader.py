@@ -12,7 +12,7 @@ from __future__ import annotations
 from rdma_netns import fsutil, jsonio
 from rdma_netns.kernel.inet import Prefix
 from rdma_netns.spec import versions
-from rdma_netns.spec.errors import DECODE_FAILURE, INVALID_CONFIG, CniError
+from rdma_netns.spec.errors import DECODE_FAILURE, INVALID_CONFIG, INVALID_ENV, CniError
 
 # Keys a runtime adds per invocation: they are not part of the network's identity.
 RUNTIME_KEYS = ("args", "runtimeConfig", "prevResult", "cni.dev/valid-attachments", "cni.dev/attachments")
@@ -144,6 +144,16 @@ def _attachments(raw: dict) -> set[tuple[str, str]] | None:
             raise CniError(INVALID_CONFIG, f"{key}: every entry needs string containerID and ifname")
         out.add((item["containerID"], item["ifname"]))
     return out
+
+
+def apply_cni_args(cfg: Config, cni_args: dict[str, str]) -> None:
+    """Runtimes without capabilities send a static MAC as CNI_ARGS MAC= (Podman 4 does);
+    runtimeConfig.mac wins when both are given."""
+    mac = cni_args.get("MAC")
+    if mac and cfg.runtime.mac is None:
+        if not _valid_mac(mac):
+            raise CniError(INVALID_ENV, f"CNI_ARGS MAC={mac[:80]!r} is not a MAC address")
+        cfg.runtime.mac = mac.lower()
 
 
 def _runtime_config(value: object) -> RuntimeConfig:
