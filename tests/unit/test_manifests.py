@@ -1,0 +1,419 @@
+"""The Kubernetes manifests in conf/k8s: valid for the API server, and saying what they mean.
+
+Every document is checked against the Kubernetes OpenAPI schemas (kubernetes-validate, strict:
+unknown fields fail) for the oldest supported Kubernetes (1.28) and the newest the validator ships.
+The NetworkAttachmentDefinition is a CRD the schemas do not cover: its config goes through the
+plugin's own check. Then the semantics: the Job needs no hostNetwork, the DaemonSet runs commands
+the daemon's own parser accepts with a config the daemon accepts, every mount has its volume, and
+the init container's install script does its job on a fake node.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import posixpath
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO, installed_executable
+
+kubernetes_validate = pytest.importorskip(
+    "kubernetes_validate", reason="pip install kubernetes-validate (a test dependency)")
+
+K8S = REPO / "conf" / "k8s"
+OLDEST_K8S = "1.28"
+NAD_API = "k8s.cni.cncf.io/v1"
+
+
+def documents(path: Path) -> list[dict]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def all_documents() -> list[tuple[str, dict]]:
+    found = [(f"{f.name}#{i}:{d.get('kind')}", d) for f in sorted(K8S.glob("*.yaml"))
+             for i, d in enumerate(documents(f))]
+    assert found, "no manifests in conf/k8s"
+    return found
+
+
+def one(kind: str, filename: str) -> dict:
+    docs = [d for d in documents(K8S / filename) if d.get("kind") == kind]
+    assert len(docs) == 1, f"{filename}: expected one {kind}, found {len(docs)}"
+    return docs[0]
+
+
+def daemonset() -> dict:
+    return one("DaemonSet", "rdma-netns-dp-daemonset.yaml")
+
+
+def configmap() -> dict:
+    return one("ConfigMap", "rdma-netns-dp-daemonset.yaml")
+
+
+def container(pod_spec: dict, name: str, init: bool = False) -> dict:
+    key = "initContainers" if init else "containers"
+    matches = [c for c in pod_spec.get(key, []) if c["name"] == name]
+    assert len(matches) == 1, f"no {key[:-1]} named {name}"
+    return matches[0]
+
+
+def check_config(tmp_path: Path, conflist: str, name: str = "net.conflist") -> subprocess.CompletedProcess:
+    path = tmp_path / name
+    path.write_text(conflist)
+    return subprocess.run([installed_executable(), "check-config", str(path)], capture_output=True, text=True)
+
+
+def dp_args(command: list[str]):
+    """Parse a container's rdma-netns-dp command exactly as the executable does (main.main)."""
+    from rdma_netns_dp import main
+
+    assert Path(command[0]).name == "rdma-netns-dp", command
+    argv = list(command[1:])
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
+        argv.insert(0, "serve")
+    try:
+        return main._parser().parse_args(argv)
+    except SystemExit as exc:  # argparse reports errors by exiting
+        pytest.fail(f"rdma-netns-dp rejects {command}: exit {exc.code}")
+
+
+# --- schema validation ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("version", [OLDEST_K8S, kubernetes_validate.latest_version()])
+def test_every_manifest_is_valid_kubernetes(version: str):
+    checked = 0
+    for label, doc in all_documents():
+        if doc.get("apiVersion") == NAD_API:
+            continue  # a CRD: test_network_attachment_definition
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            where = ".".join(str(p) for p in exc.path)
+            pytest.fail(f"{label} is not valid for Kubernetes {version}: {where}: {exc.message}")
+        checked += 1
+    assert checked >= 4  # ConfigMap, DaemonSet, two Jobs
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda ds: ds["spec"]["template"]["spec"]["containers"][0].__setitem__("hostNetwork", True),
+    lambda ds: ds["spec"]["template"]["spec"].__setitem__("volumes", [{"name": "x", "hostpath": {"path": "/"}}]),
+    lambda ds: ds["spec"]["template"]["spec"]["containers"][0]["livenessProbe"].__setitem__("exec", {"cmd": []}),
+    lambda ds: ds["spec"]["template"]["spec"].__setitem__("hostNetwork", "yes"),
+], ids=["field-in-wrong-place", "misspelled-volume-source", "misspelled-probe-field", "wrong-type"])
+def test_the_validator_rejects_broken_manifests(mutate):
+    broken = copy.deepcopy(daemonset())
+    mutate(broken)
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, OLDEST_K8S, strict=True)
+
+
+# --- the Multus NetworkAttachmentDefinition -------------------------------------------------------
+
+def test_network_attachment_definition(tmp_path: Path):
+    nad = one("NetworkAttachmentDefinition", "multus-network-attachment.yaml")
+    assert nad["apiVersion"] == NAD_API
+    assert set(nad) == {"apiVersion", "kind", "metadata", "spec"}
+    assert set(nad["spec"]) == {"config"} and isinstance(nad["spec"]["config"], str)
+    name = nad["metadata"]["name"]
+    assert name and len(name) <= 253 and name == name.lower() and "namespace" not in nad["metadata"]
+    config = json.loads(nad["spec"]["config"])
+    # Multus releases built on libcni < 1.2 know spec versions up to 1.0.0.
+    assert config["cniVersion"] in ("0.3.1", "0.4.0", "1.0.0")
+    assert [p["type"] for p in config["plugins"]] == ["rdma-netns"]
+    out = check_config(tmp_path, nad["spec"]["config"])
+    assert out.returncode == 0, out.stderr
+    # ... and the check can fail: a misspelled key is refused by name.
+    config["plugins"][0]["railz"] = config["plugins"][0].pop("rails")
+    out = check_config(tmp_path, json.dumps(config), "bad.conflist")
+    assert out.returncode == 1 and "railz" in out.stderr
+
+
+# --- the training Jobs ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("filename", ["training-job.yaml", "training-job-multus.yaml"])
+def test_training_job_needs_no_host_network(filename: str):
+    job = one("Job", filename)
+    assert job["apiVersion"] == "batch/v1"
+    pod = job["spec"]["template"]["spec"]
+    assert not pod.get("hostNetwork", False), "the point of rdma-netns: no hostNetwork"
+    assert not pod.get("hostPID") and not pod.get("hostIPC")
+    assert pod["restartPolicy"] in ("Never", "OnFailure")
+    assert isinstance(job["spec"].get("backoffLimit"), int)
+    (train,) = pod["containers"]
+    limits = train["resources"]["limits"]
+    assert str(limits["rdma/hca"]) == "1" and str(limits["nvidia.com/gpu"]) == "8"
+    security = train.get("securityContext", {})
+    assert not security.get("privileged", False)
+    assert "IPC_LOCK" in security["capabilities"]["add"]
+    env = {e["name"]: e.get("value") for e in train.get("env", [])}
+    assert "NCCL_IB_GID_INDEX" not in env  # it differs per pod in shared mode (see the comment there)
+
+
+def test_multus_job_is_the_same_job_with_the_network_annotation():
+    plain, multus = one("Job", "training-job.yaml"), one("Job", "training-job-multus.yaml")
+    nad = one("NetworkAttachmentDefinition", "multus-network-attachment.yaml")
+    annotations = multus["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["k8s.v1.cni.cncf.io/networks"] == nad["metadata"]["name"]
+    assert "annotations" not in plain["spec"]["template"]["metadata"]
+
+    def env(job: dict) -> dict:
+        return {e["name"]: e["value"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+    assert env(multus)["NCCL_SOCKET_IFNAME"] == "eth0" and env(plain)["NCCL_SOCKET_IFNAME"] == "rdma0"
+    # Apart from those two, the Jobs are identical.
+    a, b = copy.deepcopy(plain), copy.deepcopy(multus)
+    del b["spec"]["template"]["metadata"]["annotations"]
+    for job in (a, b):
+        for e in job["spec"]["template"]["spec"]["containers"][0]["env"]:
+            if e["name"] == "NCCL_SOCKET_IFNAME":
+                e["value"] = None
+    assert a == b
+
+
+# --- the DaemonSet and its ConfigMap ---------------------------------------------------------------
+
+def test_daemonset_placement_and_privileges():
+    ds = daemonset()
+    assert ds["metadata"]["namespace"] == "kube-system" and ds["metadata"]["name"] == "rdma-netns-dp"
+    pod = ds["spec"]["template"]["spec"]
+    assert "serviceAccountName" not in pod and pod["automountServiceAccountToken"] is False
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert pod["nodeSelector"]["rdma-netns.io/rdma"] == "true"
+    assert {"operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    assert pod["hostNetwork"] is True
+    assert ds["spec"]["selector"]["matchLabels"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+    for c in pod["containers"] + pod["initContainers"]:
+        security = c["securityContext"]
+        assert not security.get("privileged", False), c["name"]
+        assert security["capabilities"]["drop"] == ["ALL"], c["name"]
+        assert c["resources"]["requests"] and c["resources"]["limits"], c["name"]
+    main = container(pod, "rdma-netns-dp")
+    assert main["securityContext"]["capabilities"]["add"] == ["NET_ADMIN"]
+
+
+def dp_config():
+    from rdma_netns_dp.config import parse
+
+    return parse(configmap()["data"]["dp.yaml"], "ConfigMap rdma-netns-dp-config dp.yaml")
+
+
+def test_configmap_dp_yaml_is_the_shipped_shared_config():
+    from rdma_netns_dp.config import ConfigError, parse
+
+    config = dp_config()
+    assert config.mode == "shared" and [r.name for r in config.resources] == ["rdma/hca"]
+    shipped = parse((REPO / "conf" / "rdma-netns-dp-shared.yaml").read_text(), "rdma-netns-dp-shared.yaml")
+    assert config.model_dump() == shipped.model_dump(), "the ConfigMap drifted from conf/rdma-netns-dp-shared.yaml"
+    with pytest.raises(ConfigError, match="sharedUnitz"):
+        parse(configmap()["data"]["dp.yaml"].replace("sharedUnits", "sharedUnitz"), "mutated")
+
+
+def test_configmap_conflist_validates_and_is_the_shipped_one(tmp_path: Path):
+    text = configmap()["data"]["rdma-netns.conflist"]
+    out = check_config(tmp_path, text)
+    assert out.returncode == 0, out.stderr
+    shipped = json.loads((REPO / "conf" / "rdma-netns-shared-8rails.conflist").read_text())
+    assert json.loads(text) == shipped, "the ConfigMap drifted from conf/rdma-netns-shared-8rails.conflist"
+    nad = json.loads(one("NetworkAttachmentDefinition", "multus-network-attachment.yaml")["spec"]["config"])
+    assert dict(nad, cniVersion=None) == dict(shipped, cniVersion=None)
+
+
+def test_main_container_runs_a_real_rdma_netns_dp_invocation():
+    pod = daemonset()["spec"]["template"]["spec"]
+    main = container(pod, "rdma-netns-dp")
+    args = dp_args(main["command"] + main.get("args", []))
+    assert args.command == "serve" and args.config
+    mounts = {m["mountPath"]: m for m in main["volumeMounts"]}
+    config_mount = mounts[posixpath.dirname(args.config)]
+    volume = {v["name"]: v for v in pod["volumes"]}[config_mount["name"]]
+    assert volume["configMap"]["name"] == configmap()["metadata"]["name"]
+    assert posixpath.basename(args.config) in configmap()["data"]
+
+
+def test_liveness_probe_is_a_real_probe_of_the_daemons_health_file():
+    main = container(daemonset()["spec"]["template"]["spec"], "rdma-netns-dp")
+    probe = main["livenessProbe"]
+    args = dp_args(probe["exec"]["command"])
+    assert args.command == "probe"
+    config = dp_config()
+    assert args.health_file == config.healthFile
+    # A fresh file is written every interval; the probe must allow a few missed ones, not zero.
+    assert 3 * config.healthIntervalSeconds <= args.max_age <= 60
+    assert probe["timeoutSeconds"] >= 2 and probe["failureThreshold"] >= 2
+
+
+def test_every_mount_has_its_volume_and_every_volume_is_used():
+    pod = daemonset()["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert len(volumes) == len(pod["volumes"]), "duplicate volume names"
+    used = set()
+    for c in pod["containers"] + pod["initContainers"]:
+        paths = [m["mountPath"] for m in c["volumeMounts"]]
+        assert len(paths) == len(set(paths)), f"{c['name']}: a path is mounted twice"
+        for m in c["volumeMounts"]:
+            assert m["name"] in volumes, f"{c['name']} mounts {m['name']}, which is not a volume"
+            used.add(m["name"])
+    assert used == set(volumes), f"volumes never mounted: {set(volumes) - used}"
+    for name, v in volumes.items():
+        if "hostPath" in v:
+            assert posixpath.isabs(v["hostPath"]["path"]), name
+
+
+def test_the_daemon_can_reach_every_path_its_config_uses():
+    pod = daemonset()["spec"]["template"]["spec"]
+    main = container(pod, "rdma-netns-dp")
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = main["volumeMounts"]
+
+    def mount_of(path: str) -> dict:
+        best = [m for m in mounts if path == m["mountPath"] or path.startswith(m["mountPath"].rstrip("/") + "/")]
+        assert best, f"the daemon uses {path}, but nothing is mounted there"
+        return max(best, key=lambda m: len(m["mountPath"]))
+
+    def host_path(path: str) -> str | None:
+        m = mount_of(path)
+        source = volumes[m["name"]].get("hostPath")
+        if not source:
+            return None
+        return posixpath.normpath(posixpath.join(source["path"], posixpath.relpath(path, m["mountPath"])))
+
+    config = dp_config()
+    # Sockets kubelet must find: the same paths on the host, writable.
+    for folder in ("device-plugins", "plugins_registry"):
+        path = posixpath.join(config.kubeletDir, folder)
+        assert host_path(path) == path and not mount_of(path).get("readOnly")
+    assert host_path(config.sysfsRoot) == "/sys" and mount_of(config.sysfsRoot)["readOnly"]
+    assert host_path(config.cniStateDir) == "/var/lib/cni/rdma-netns" and mount_of(config.cniStateDir)["readOnly"]
+    assert host_path(config.cdi.specDir) == config.cdi.specDir and not mount_of(config.cdi.specDir).get("readOnly")
+    health = mount_of(config.healthFile)
+    assert not health.get("readOnly") and "emptyDir" in volumes[health["name"]]
+    # The CNI state folder is the plugin's default, which is what the conflist uses.
+    conflist = json.loads(configmap()["data"]["rdma-netns.conflist"])
+    assert all(p.get("stateDir", config.cniStateDir) == config.cniStateDir for p in conflist["plugins"])
+
+
+def test_the_daemon_starts_with_the_configmap_config_and_its_probe_passes(tmp_path: Path):
+    """The main container's command with the ConfigMap's dp.yaml, paths moved under tmp_path."""
+    from tests.fake_rdma_sysfs import FakeRdmaSysfs
+
+    pod = daemonset()["spec"]["template"]["spec"]
+    main = container(pod, "rdma-netns-dp")
+    config_file = tmp_path / "dp.yaml"
+    config_file.write_text(configmap()["data"]["dp.yaml"])
+    fake = FakeRdmaSysfs(tmp_path / "node", netns_mode="Y")
+    fake.add_pci_device("mlx5_0", "0000:3b:00.0", "eth1")
+    (tmp_path / "kubelet" / "device-plugins").mkdir(parents=True)
+    health = tmp_path / "run" / "health.json"
+    dp = shutil.which("rdma-netns-dp", path=os.path.dirname(sys.executable)) or pytest.fail("no rdma-netns-dp")
+    command = [dp, *main["command"][1:]]
+    command[command.index("--config") + 1] = str(config_file)
+    command += ["--kubelet-dir", str(tmp_path / "kubelet"), "--sysfs-root", str(fake.sys),
+                "--health-file", str(health), "--cni-state-dir", str(tmp_path / "cni"),
+                "--cdi-dir", str(tmp_path / "cdi")]
+    probe = main["livenessProbe"]["exec"]["command"]
+    probe = [dp, *probe[1:]]
+    probe[probe.index("--health-file") + 1] = str(health)
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 20
+        while not health.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert proc.poll() is None, proc.stdout.read().decode()
+        out = subprocess.run(probe, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        status = json.loads(health.read_text())
+        assert status["resources"]["rdma/hca"]["devices"] == 1000
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert proc.returncode == 0
+    out = subprocess.run(probe, capture_output=True, text=True)
+    assert out.returncode == 1  # the daemon removed its health file: the probe fails
+
+
+# --- the init container's install script ------------------------------------------------------------
+
+def install_env(tmp_path: Path) -> tuple[str, dict, Path, Path]:
+    """A fake image tree and a fake host; the script with the container's env pointed at them."""
+    pod = daemonset()["spec"]["template"]["spec"]
+    init = container(pod, "install-cni", init=True)
+    assert init["command"][:2] == ["/bin/sh", "-ec"]
+    script = init["command"][2]
+    prefix = tmp_path / "image" / "opt" / "rdma-netns-ds"
+    release = prefix / "0.1.0-abc"
+    (release / "venv" / "bin").mkdir(parents=True)
+    shim = release / "venv" / "bin" / "rdma-netns"
+    shim.write_text(f"#!/bin/sh\nexec {installed_executable()} \"$@\"\n")
+    shim.chmod(0o755)
+    (release / "BUILD-STAMP").write_text("stamp-1\n")
+    (prefix / "current").symlink_to("0.1.0-abc")
+    config_dir = tmp_path / "config"
+    config_dir.mkdir()
+    for key, value in configmap()["data"].items():
+        (config_dir / key).write_text(value)
+    host = tmp_path / "host"
+    host.mkdir()
+    env = {"PATH": "/usr/bin:/bin", "HOST": str(host), "PREFIX": str(prefix), "CONFIG_DIR": str(config_dir)}
+    env.update({e["name"]: e["value"] for e in init["env"]})
+    mounted = {m["mountPath"] for m in init["volumeMounts"]}
+    assert {"/host/opt/cni/bin", "/host/etc/cni/net.d", "/host/opt/rdma-netns-ds", "/etc/rdma-netns"} <= mounted
+    return script, env, host, prefix
+
+
+def run_script(script: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(["/bin/sh", "-ec", script], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_install_script_on_a_fake_node(tmp_path: Path):
+    script, env, host, prefix = install_env(tmp_path)
+    on_host = Path(f"{host}{prefix}")
+    stale = on_host / "0.0.9-old"
+    stale.mkdir(parents=True)
+    (stale / "BUILD-STAMP").write_text("old\n")
+    foreign = on_host / "something-else"
+    foreign.mkdir()
+
+    out = run_script(script, env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (on_host / "0.1.0-abc" / "venv" / "bin" / "rdma-netns").exists()
+    assert not (on_host / "0.1.0-abc.partial").exists()
+    assert not stale.exists() and foreign.exists()  # old releases go, folders it did not write stay
+    launcher = host / "opt" / "cni" / "bin" / "rdma-netns"
+    assert launcher.read_text().startswith("#!") and launcher.stat().st_mode & 0o755 == 0o755
+    version = subprocess.run([str(launcher)], input=b"{}", capture_output=True, env={"CNI_COMMAND": "VERSION"})
+    assert version.returncode == 0 and "1.1.0" in json.loads(version.stdout)["supportedVersions"]
+    conf = host / "etc" / "cni" / "net.d" / env["CONFLIST_NAME"]
+    assert json.loads(conf.read_text()) == json.loads(Path(env["CONFIG_DIR"], "rdma-netns.conflist").read_text())
+    assert not list(conf.parent.glob(".*.tmp"))
+
+    # Again: idempotent, and an admin's edit of the config survives.
+    conf.write_text('{"edited": true}')
+    out = run_script(script, env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "already on the host" in out.stdout and "keeping the existing" in out.stdout
+    assert conf.read_text() == '{"edited": true}'
+
+    # A different build under the same release name is refused, not mixed in.
+    (on_host / "0.1.0-abc" / "BUILD-STAMP").write_text("stamp-2\n")
+    out = run_script(script, env)
+    assert out.returncode == 1 and "another build" in out.stderr
+
+
+def test_install_script_refuses_an_invalid_conflist_and_can_skip_it(tmp_path: Path):
+    script, env, host, _ = install_env(tmp_path)
+    Path(env["CONFIG_DIR"], "rdma-netns.conflist").write_text(
+        '{"cniVersion": "1.1.0", "name": "x", "plugins": [{"type": "rdma-netns", "railz": []}]}')
+    out = run_script(script, env)
+    assert out.returncode != 0 and "railz" in out.stderr
+    assert not (host / "etc" / "cni" / "net.d" / env["CONFLIST_NAME"]).exists()
+    out = run_script(script, dict(env, INSTALL_CONFLIST="false"))
+    assert out.returncode == 0, out.stderr
+    assert not (host / "etc" / "cni" / "net.d" / env["CONFLIST_NAME"]).exists()
