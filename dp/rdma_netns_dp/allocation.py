@@ -39,9 +39,16 @@ def cdi_kind(slug: str) -> str:
 
 
 def grant(devices: list[RdmaDevice], sysfs: Sysfs, dev_root: str, resource_name: str, slug: str,
-          include_umad: bool, use_cdi: bool) -> ContainerGrant:
+          include_umad: bool, use_cdi: bool, skip_leaving: bool = False) -> ContainerGrant:
+    """skip_leaving (shared mode): a device unplugged since the last poll is left out, as long as
+    another one remains; kubelet does not retry a failed Allocate, so failing would fail the pod."""
     names = sorted({d.name for d in devices})
     chars = fresh_char_devices(sysfs, names)
+    if skip_leaving:
+        staying = [n for n in names if chars[n][0] is not None]
+        if staying:
+            names = staying
+            devices = [d for d in devices if d.name in staying]
     nodes: dict[str, DeviceNode] = {}
     uverbs_paths = []
     for name in names:

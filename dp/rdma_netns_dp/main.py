@@ -47,6 +47,8 @@ def _parser() -> argparse.ArgumentParser:
     probe = sub.add_parser("probe", help="liveness probe: exit 0 when the health file is fresh")
     probe.add_argument("--health-file", default="/run/rdma-netns-dp/health.json")
     probe.add_argument("--max-age", type=float, default=10.0, help="seconds (default 10)")
+    probe.add_argument("--require-registered", action="store_true",
+                       help="also fail while a resource is not registered with kubelet (readiness)")
     return parser
 
 
@@ -107,6 +109,11 @@ def _probe(args: argparse.Namespace) -> int:
         print(f"unhealthy: {args.health_file} is {age:.1f} s old (the daemon's loop is stuck or dead)",
               file=sys.stderr)
         return 1
+    if args.require_registered:
+        pending = sorted(name for name, r in (status.get("resources") or {}).items() if not r.get("registered"))
+        if pending:
+            print(f"not ready: not registered with kubelet: {', '.join(pending)}", file=sys.stderr)
+            return 1
     print(f"ok: updated {age:.1f} s ago")
     return 0
 

@@ -79,7 +79,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             try:
                 devices = self.pool.devices_for(list(req.devices_ids))
                 g = grant(devices, self.sysfs, self.dev_root, resource.name, resource.slug,
-                          resource.includeUmad, self.use_cdi)
+                          resource.includeUmad, self.use_cdi, skip_leaving=self.pool.shared)
             except UnknownDevice as exc:
                 log.warning("Allocate refused", extra={"resource": resource.name, "reason": str(exc)})
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))

@@ -150,6 +150,8 @@ def test_grant_looks_char_devices_up_now(sysfs, tmp_path):
     g = grant(devices + devices, sysfs, "/dev", "rdma/hca", "rdma_hca", include_umad=False, use_cdi=True)
     assert g.nodes == [] and g.cdi_devices == ["rdma-netns.io/rdma_hca=mlx5_0", "rdma-netns.io/rdma_hca=rxe0"]
     (root / "class/infiniband_verbs/uverbs5/ibdev").unlink()
+    shared = grant(devices, sysfs, "/dev", "rdma/hca", "rdma_hca", False, False, skip_leaving=True)
+    assert shared.envs["RDMA_NETNS_DEVICES"] == "mlx5_0", "shared mode leaves an unplugged device out"
     with pytest.raises(AllocationError, match="rxe0 has no uverbs"):
         grant(devices, sysfs, "/dev", "rdma/hca", "rdma_hca", include_umad=False, use_cdi=False)
 
@@ -216,3 +218,18 @@ def test_every_shipped_device_plugin_config_validates():
     assert len(files) >= 2
     modes = {load(str(f), {}).mode for f in files}
     assert modes == {"shared", "exclusive"}
+
+
+def test_probe_readiness_needs_every_resource_registered(tmp_path, capsys):
+    import time as _time
+
+    from rdma_netns_dp.main import main
+
+    health = tmp_path / "health.json"
+    health.write_text(json.dumps({"time": _time.time(), "resources": {
+        "rdma/hca": {"registered": True}, "rdma/rail": {"registered": False}}}))
+    assert main(["probe", "--health-file", str(health)]) == 0
+    assert main(["probe", "--health-file", str(health), "--require-registered"]) == 1
+    assert "rdma/rail" in capsys.readouterr().err
+    health.write_text(json.dumps({"time": _time.time() - 60, "resources": {}}))
+    assert main(["probe", "--health-file", str(health)]) == 1

@@ -1,0 +1,255 @@
+"""A fake sysfs + /dev tree shaped like the kernel's, for RDMA device discovery tests.
+
+Layout (relative to `sys`), with the kernel's relative symlinks:
+  devices/pci0000:00/<pci>/{vendor,device,numa_node,driver->bus/pci/drivers/<drv>,net/<netdev>/}
+  devices/pci0000:00/<pci>/infiniband/<dev>/{device-><pci>,node_type,ports/<p>/{state,phys_state,link_layer,gids,gid_attrs}}
+  devices/virtual/infiniband/<dev>/{parent,ports/...}               (soft devices such as rxe)
+  class/infiniband/<dev> -> the device folder above
+  class/infiniband_verbs/uverbs<N>/ibdev, class/infiniband_mad/{umad,issm}<N>/{ibdev,port}
+  class/net/<netdev>, bus/pci/devices/<pci>, module/ib_core/parameters/netns_mode
+and `dev`/infiniband/{uverbsN,rdma_cm,umadN,issmN} as plain files.
+
+Devices appear atomically (class symlink made last) and disappear class symlink first.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+STATES = {"ACTIVE": "4: ACTIVE", "DOWN": "1: DOWN", "INIT": "2: INIT", "ARMED": "3: ARMED"}
+PHYS = {"ACTIVE": "5: LinkUp", "DOWN": "3: Disabled", "INIT": "5: LinkUp", "ARMED": "5: LinkUp"}
+
+
+def _write(path: Path, text: str) -> None:
+    """Atomic like a sysfs read: a reader never sees a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text + "\n")
+    os.replace(tmp, path)
+
+
+def _symlink(target: Path, link: Path) -> None:
+    link.parent.mkdir(parents=True, exist_ok=True)
+    os.symlink(os.path.relpath(target, link.parent), link)
+
+
+def _unlink(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+@dataclass
+class FakeDevice:
+    name: str
+    netdev: str
+    folder: Path  # the real folder class/infiniband/<name> points at
+    pci: str | None = None
+    numa_node: int | None = None
+    ports: int = 1
+    uverbs: int = -1
+    mad: list[int] = field(default_factory=list)  # umad/issm number of each port
+
+
+class FakeRdmaSysfs:
+    """Build and mutate a fake tree under `root`: `root`/sys and `root`/dev."""
+
+    def __init__(self, root: str | os.PathLike, netns_mode: str | None = "Y") -> None:
+        self.root = Path(root)
+        self.sys = self.root / "sys"
+        self.dev = self.root / "dev"
+        self.devices: dict[str, FakeDevice] = {}
+        for folder in ("class/infiniband", "class/net", "bus/pci/devices", "devices/virtual/net"):
+            (self.sys / folder).mkdir(parents=True, exist_ok=True)
+        _write(self.sys / "class/infiniband_verbs/abi_version", "6")
+        _write(self.sys / "class/infiniband_mad/abi_version", "5")
+        (self.dev / "infiniband").mkdir(parents=True, exist_ok=True)
+        _write(self.dev / "infiniband/rdma_cm", "")
+        self.set_netns_mode(netns_mode)
+
+    # --- kernel-wide --------------------------------------------------------------------------
+    def set_netns_mode(self, value: str | None) -> None:
+        """"Y" (shared), "N" (exclusive) or None (parameter absent, as on old kernels)."""
+        path = self.sys / "module/ib_core/parameters/netns_mode"
+        if value is None:
+            _unlink(path)
+        else:
+            _write(path, value)
+
+    # --- devices ------------------------------------------------------------------------------
+    def add_pci_device(self, name: str, pci: str, netdev: str, *, numa_node: int = 0,
+                       vendor: str = "0x15b3", device: str = "0x101b", driver: str = "mlx5_core",
+                       link_layer: str = "Ethernet", ports: int = 1, state: str = "ACTIVE") -> FakeDevice:
+        """An mlx5-style device: its PCI function with a netdev, and the RDMA device under it."""
+        pci_dir = self.sys / "devices/pci0000:00" / pci
+        _write(pci_dir / "vendor", vendor)
+        _write(pci_dir / "device", device)
+        _write(pci_dir / "numa_node", str(numa_node))
+        _write(pci_dir / "class", "0x020700" if link_layer == "InfiniBand" else "0x020000")
+        drv = self.sys / "bus/pci/drivers" / driver
+        drv.mkdir(parents=True, exist_ok=True)
+        if not (pci_dir / "driver").is_symlink():
+            _symlink(drv, pci_dir / "driver")
+        if not (self.sys / "bus/pci/devices" / pci).is_symlink():
+            _symlink(pci_dir, self.sys / "bus/pci/devices" / pci)
+        self._add_netdev(pci_dir / "net" / netdev, netdev)
+        folder = pci_dir / "infiniband" / name
+        _symlink(pci_dir, folder / "device")
+        dev = FakeDevice(name, netdev, folder, pci=pci, numa_node=numa_node, ports=ports)
+        return self._finish(dev, pci_dir, link_layer, state)
+
+    def add_soft_device(self, name: str, parent: str, *, link_layer: str = "Ethernet", ports: int = 1,
+                        state: str = "ACTIVE") -> FakeDevice:
+        """An rxe-style soft device: no PCI device, a `parent` file naming its netdev."""
+        virtual = self.sys / "devices/virtual"
+        if not (virtual / "net" / parent).exists():
+            self._add_netdev(virtual / "net" / parent, parent)
+        folder = virtual / "infiniband" / name
+        _write(folder / "parent", parent)
+        return self._finish(FakeDevice(name, parent, folder, ports=ports), virtual, link_layer, state)
+
+    def _add_netdev(self, folder: Path, name: str) -> None:
+        index = len(list((self.sys / "class/net").iterdir())) + 2
+        _write(folder / "ifindex", str(index))
+        _write(folder / "address", f"02:00:00:00:{index // 256:02x}:{index % 256:02x}")
+        _write(folder / "operstate", "up")
+        _write(folder / "type", "1")
+        if not (self.sys / "class/net" / name).is_symlink():
+            _symlink(folder, self.sys / "class/net" / name)
+
+    def _finish(self, dev: FakeDevice, parent_dir: Path, link_layer: str, state: str) -> FakeDevice:
+        if dev.name in self.devices:
+            raise ValueError(f"{dev.name} exists")
+        _write(dev.folder / "node_type", "1: CA")
+        _write(dev.folder / "node_guid", "0002:c903:0000:%04x" % (len(self.devices) + 1))
+        for port in range(1, dev.ports + 1):
+            p = dev.folder / "ports" / str(port)
+            _write(p / "state", STATES[state])
+            _write(p / "phys_state", PHYS[state])
+            _write(p / "link_layer", link_layer)
+            _write(p / "gids/0", "fe80:0000:0000:0000:0000:00ff:fe00:%04x" % (len(self.devices) + 1))
+            _write(p / "gid_attrs/types/0", "RoCE v2" if link_layer == "Ethernet" else "IB/RoCE v1")
+            if link_layer == "Ethernet":
+                _write(p / "gid_attrs/ndevs/0", dev.netdev)
+        dev.uverbs = self._free_number("infiniband_verbs", "uverbs")
+        self._add_uverbs(dev, parent_dir)
+        for port in range(1, dev.ports + 1):
+            n = self._free_number("infiniband_mad", "umad")
+            dev.mad.append(n)
+            for kind in ("umad", "issm"):
+                folder = parent_dir / "infiniband_mad" / f"{kind}{n}"
+                _write(folder / "ibdev", dev.name)
+                _write(folder / "port", str(port))
+                _symlink(folder, self.sys / "class/infiniband_mad" / f"{kind}{n}")
+                _write(self.dev / "infiniband" / f"{kind}{n}", "")
+        self.devices[dev.name] = dev
+        _symlink(dev.folder, self.sys / "class/infiniband" / dev.name)  # last: the device appears
+        return dev
+
+    def _free_number(self, cls: str, prefix: str) -> int:
+        used = {int(p.name[len(prefix):]) for p in (self.sys / "class" / cls).glob(f"{prefix}*")}
+        n = 0
+        while n in used:
+            n += 1
+        return n
+
+    def _parent_dir(self, dev: FakeDevice) -> Path:
+        return dev.folder.parent.parent  # <pci dir> or devices/virtual
+
+    def _add_uverbs(self, dev: FakeDevice, parent_dir: Path) -> None:
+        folder = parent_dir / "infiniband_verbs" / f"uverbs{dev.uverbs}"
+        _write(folder / "ibdev", dev.name)
+        _write(folder / "abi_version", "1")
+        _write(folder / "dev", f"231:{192 + dev.uverbs}")
+        _symlink(folder, self.sys / "class/infiniband_verbs" / f"uverbs{dev.uverbs}")
+        _write(self.dev / "infiniband" / f"uverbs{dev.uverbs}", "")
+
+    def _remove_uverbs(self, dev: FakeDevice) -> None:
+        _unlink(self.sys / "class/infiniband_verbs" / f"uverbs{dev.uverbs}")
+        _unlink(self.dev / "infiniband" / f"uverbs{dev.uverbs}")
+        shutil.rmtree(self._parent_dir(dev) / "infiniband_verbs" / f"uverbs{dev.uverbs}", ignore_errors=True)
+
+    def remove_device(self, name: str, *, with_netdev: bool = False) -> FakeDevice:
+        """Hot-unplug, or (with_netdev) a move of the device and its netdev into a pod's
+        namespace: the device vanishes from this tree. add_*_device brings it back."""
+        dev = self.devices.pop(name)
+        _unlink(self.sys / "class/infiniband" / name)  # first: the device disappears
+        if with_netdev:
+            _unlink(self.sys / "class/net" / dev.netdev)
+            parent = self._parent_dir(dev)
+            shutil.rmtree(parent / "net" / dev.netdev, ignore_errors=True)
+        self._remove_uverbs(dev)
+        parent_dir = self._parent_dir(dev)
+        for n in dev.mad:
+            for kind in ("umad", "issm"):
+                _unlink(self.sys / "class/infiniband_mad" / f"{kind}{n}")
+                _unlink(self.dev / "infiniband" / f"{kind}{n}")
+                shutil.rmtree(parent_dir / "infiniband_mad" / f"{kind}{n}", ignore_errors=True)
+        shutil.rmtree(dev.folder, ignore_errors=True)
+        return dev
+
+    def set_port_state(self, name: str, state: str, port: int = 1) -> None:
+        """ACTIVE / DOWN (/ INIT / ARMED)."""
+        p = self.devices[name].folder / "ports" / str(port)
+        _write(p / "state", STATES[state])
+        _write(p / "phys_state", PHYS[state])
+
+    def set_all_ports(self, state: str) -> None:
+        for name, dev in self.devices.items():
+            for port in range(1, dev.ports + 1):
+                self.set_port_state(name, state, port)
+
+    def renumber_uverbs(self, name: str, number: int | None = None) -> int:
+        """Give the device a new uverbs number (as after a namespace round trip); the old
+        /dev node goes away. Default: one above every number in use."""
+        dev = self.devices[name]
+        if number is None:
+            used = [int(p.name[6:]) for p in (self.sys / "class/infiniband_verbs").glob("uverbs*")]
+            number = max(used, default=-1) + 1
+        self._remove_uverbs(dev)
+        dev.uverbs = number
+        self._add_uverbs(dev, self._parent_dir(dev))
+        return number
+
+    # --- lookups for assertions ---------------------------------------------------------------
+    def uverbs_number(self, name: str) -> int:
+        return self.devices[name].uverbs
+
+    def uverbs_path(self, name: str) -> str:
+        return f"/dev/infiniband/uverbs{self.devices[name].uverbs}"
+
+    def mad_numbers(self, name: str) -> list[int]:
+        return list(self.devices[name].mad)
+
+
+# The standard test host: 8 PCI devices, 4 per NUMA node, interleaved in PCI order, with mixed
+# vendors and link layers; plus one soft device without NUMA information.
+STANDARD_PCI = [
+    # name,     pci,            numa, netdev,      link layer,   vendor,   device,   driver
+    ("mlx5_0", "0000:1a:00.0", 0, "ens1f0", "Ethernet", "0x15b3", "0x101b", "mlx5_core"),
+    ("mlx5_1", "0000:3b:00.0", 1, "ens2f0", "Ethernet", "0x15b3", "0x101b", "mlx5_core"),
+    ("mlx5_2", "0000:5e:00.0", 0, "ens3f0", "Ethernet", "0x15b3", "0x1017", "mlx5_core"),
+    ("mlx5_3", "0000:86:00.0", 1, "ens4f0", "Ethernet", "0x15b3", "0x1017", "mlx5_core"),
+    ("mlx5_4", "0000:af:00.0", 0, "ibp175s0", "InfiniBand", "0x15b3", "0x101b", "mlx5_core"),
+    ("mlx5_5", "0000:b1:00.0", 1, "ibp177s0", "InfiniBand", "0x15b3", "0x101b", "mlx5_core"),
+    ("irdma0", "0000:d8:00.0", 0, "ens7f0", "Ethernet", "0x8086", "0x1592", "ice"),
+    ("irdma1", "0000:d9:00.0", 1, "ens8f0", "Ethernet", "0x8086", "0x1592", "ice"),
+]
+STANDARD_SOFT = [("rxe0", "eth0")]
+
+
+def standard_host(root: str | os.PathLike, netns_mode: str | None = "Y", *,
+                  soft: bool = True) -> FakeRdmaSysfs:
+    """The standard 8-NIC host (plus rxe0 on eth0 when `soft`)."""
+    fake = FakeRdmaSysfs(root, netns_mode)
+    for name, pci, numa, netdev, ll, vendor, device, driver in STANDARD_PCI:
+        fake.add_pci_device(name, pci, netdev, numa_node=numa, vendor=vendor, device=device,
+                            driver=driver, link_layer=ll)
+    if soft:
+        for name, parent in STANDARD_SOFT:
+            fake.add_soft_device(name, parent)
+    return fake

@@ -1,0 +1,434 @@
+"""A stand-in kubelet device manager for device-plugin tests, the guest suite and benchmarks.
+
+It serves the real `v1beta1.Registration` gRPC service on <device-plugins>/kubelet.sock and does
+what kubelet does after a Register: dial the plugin's endpoint, ask for its options, keep a
+ListAndWatch stream open and remember every device list it sends. It can also restart like
+kubelet (every socket in the folder wiped, kubelet.sock re-created) and drive the plugin-watcher
+registration (<kubelet dir>/plugins_registry/<sock>).
+
+No pytest imports: usable from plain scripts.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+try:
+    from rdma_netns_dp.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+    from rdma_netns_dp.api.pluginregistration.v1 import api_pb2 as reg_pb2
+    from rdma_netns_dp.api.pluginregistration.v1 import api_pb2_grpc as reg_pb2_grpc
+except ImportError:  # source tree, package not installed
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "dp"))
+    from rdma_netns_dp.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+    from rdma_netns_dp.api.pluginregistration.v1 import api_pb2 as reg_pb2
+    from rdma_netns_dp.api.pluginregistration.v1 import api_pb2_grpc as reg_pb2_grpc
+
+KUBELET_SOCKET = "kubelet.sock"
+SUPPORTED_VERSIONS = ("v1beta1",)
+RPC_TIMEOUT = 5.0
+
+
+def wait_for_path(path: str | os.PathLike, timeout: float, *, socket_only: bool = True) -> bool:
+    """Poll until `path` exists (as a socket when `socket_only`); False on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            mode = os.stat(path).st_mode
+            if not socket_only or stat.S_ISSOCK(mode):
+                return True
+        except FileNotFoundError:
+            pass
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+
+
+def unix_channel(path: str | os.PathLike, timeout: float = RPC_TIMEOUT) -> grpc.Channel:
+    """A channel to a unix socket, connected (raises grpc.FutureTimeoutError if it is not)."""
+    channel = grpc.insecure_channel(f"unix://{os.path.abspath(path)}")
+    try:
+        grpc.channel_ready_future(channel).result(timeout=timeout)
+    except BaseException:
+        channel.close()
+        raise
+    return channel
+
+
+@dataclass
+class DeviceListUpdate:
+    """One ListAndWatch message as received."""
+    time: float  # time.monotonic() at reception
+    devices: list  # list[api_pb2.Device]
+
+    def ids(self) -> list[str]:
+        return [d.ID for d in self.devices]
+
+    def health(self) -> dict[str, str]:
+        return {d.ID: d.health for d in self.devices}
+
+    def numa(self) -> dict[str, list[int]]:
+        return {d.ID: [n.ID for n in d.topology.nodes] for d in self.devices}
+
+
+class PluginConnection:
+    """Kubelet's side of one plugin endpoint: options, a ListAndWatch stream, Allocate & co."""
+
+    def __init__(self, socket_path: str | os.PathLike, resource_name: str = "",
+                 timeout: float = RPC_TIMEOUT) -> None:
+        self.socket_path = str(socket_path)
+        self.resource_name = resource_name
+        self.connected_at = time.monotonic()
+        self.channel = unix_channel(self.socket_path, timeout)
+        self.stub = api_pb2_grpc.DevicePluginStub(self.channel)
+        self.options: api_pb2.DevicePluginOptions = self.stub.GetDevicePluginOptions(
+            api_pb2.Empty(), timeout=timeout)
+        self.history: list[DeviceListUpdate] = []
+        self.stream_error: grpc.RpcError | None = None
+        self.stream_ended = False
+        self._cond = threading.Condition()
+        self._closed = False
+        self._call = self.stub.ListAndWatch(api_pb2.Empty())
+        self._thread = threading.Thread(target=self._watch, name=f"listandwatch:{resource_name}",
+                                        daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        try:
+            for response in self._call:
+                update = DeviceListUpdate(time.monotonic(), list(response.devices))
+                with self._cond:
+                    self.history.append(update)
+                    self._cond.notify_all()
+        except grpc.RpcError as exc:
+            if not self._closed:
+                self.stream_error = exc
+        finally:
+            with self._cond:
+                self.stream_ended = True
+                self._cond.notify_all()
+
+    # --- device lists -------------------------------------------------------------------
+    @property
+    def latest(self) -> DeviceListUpdate | None:
+        with self._cond:
+            return self.history[-1] if self.history else None
+
+    def wait_for(self, predicate: Callable[[DeviceListUpdate], bool], timeout: float,
+                 what: str = "condition") -> DeviceListUpdate:
+        """Wait until the latest list satisfies `predicate`; AssertionError on timeout or if the
+        stream ends first."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                if self.history and predicate(self.history[-1]):
+                    return self.history[-1]
+                if self.stream_ended:
+                    raise AssertionError(f"ListAndWatch ended ({self.stream_error!r}) before {what}; "
+                                         f"last list: {self._describe_last()}")
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise AssertionError(f"timed out after {timeout:.1f} s waiting for {what}; "
+                                         f"{len(self.history)} lists, last: {self._describe_last()}")
+                self._cond.wait(remaining)
+
+    def wait_first(self, timeout: float = RPC_TIMEOUT) -> DeviceListUpdate:
+        """The first list (waiting for it)."""
+        self.wait_for(lambda _: True, timeout, "a first device list")
+        return self.history[0]
+
+    def wait_stream_end(self, timeout: float) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: self.stream_ended, timeout)
+
+    def _describe_last(self) -> str:
+        if not self.history:
+            return "none"
+        health = self.history[-1].health()
+        if len(health) > 12:
+            counts: dict[str, int] = {}
+            for value in health.values():
+                counts[value] = counts.get(value, 0) + 1
+            return f"{len(health)} devices {counts}"
+        return str(health)
+
+    # --- RPCs (grpc.RpcError propagates as is) -----------------------------------------------
+    def allocate(self, ids: Sequence[str], *more: Sequence[str],
+                 timeout: float = RPC_TIMEOUT) -> api_pb2.AllocateResponse:
+        """Allocate with one container request per argument."""
+        request = api_pb2.AllocateRequest(container_requests=[
+            api_pb2.ContainerAllocateRequest(devices_ids=list(c)) for c in (ids, *more)])
+        return self.stub.Allocate(request, timeout=timeout)
+
+    def preferred(self, available: Sequence[str], must_include: Sequence[str] = (), size: int = 1,
+                  timeout: float = RPC_TIMEOUT) -> api_pb2.PreferredAllocationResponse:
+        request = api_pb2.PreferredAllocationRequest(container_requests=[
+            api_pb2.ContainerPreferredAllocationRequest(
+                available_deviceIDs=list(available), must_include_deviceIDs=list(must_include),
+                allocation_size=size)])
+        return self.stub.GetPreferredAllocation(request, timeout=timeout)
+
+    def prestart(self, ids: Sequence[str], timeout: float = RPC_TIMEOUT) -> api_pb2.PreStartContainerResponse:
+        return self.stub.PreStartContainer(api_pb2.PreStartContainerRequest(devices_ids=list(ids)),
+                                           timeout=timeout)
+
+    def close(self) -> None:
+        self._closed = True
+        self._call.cancel()
+        self.channel.close()
+        self._thread.join(timeout=2)
+
+
+@dataclass
+class Registration:
+    """One RegisterRequest as received by the stand-in."""
+    time: float
+    request: api_pb2.RegisterRequest
+    accepted: bool = True
+    endpoint_existed: bool = False  # the plugin's socket existed when Register arrived
+
+
+@dataclass
+class _State:
+    registrations: list[Registration] = field(default_factory=list)
+    plugins: dict[str, PluginConnection] = field(default_factory=dict)
+    connect_errors: list[tuple[str, BaseException]] = field(default_factory=list)
+
+
+class _RegistrationService(api_pb2_grpc.RegistrationServicer):
+    def __init__(self, kubelet: KubeletStandIn) -> None:
+        self.kubelet = kubelet
+
+    def Register(self, request, context):  # noqa: N802 (gRPC name)
+        return self.kubelet._on_register(request, context)
+
+
+class KubeletStandIn:
+    """A kubelet device manager: Registration server on <device_plugins_dir>/kubelet.sock."""
+
+    def __init__(self, device_plugins_dir: str | os.PathLike, *, connect: bool = True) -> None:
+        self.dir = Path(device_plugins_dir)
+        self.kubelet_dir = self.dir.parent
+        self.socket = self.dir / KUBELET_SOCKET
+        self.connect = connect  # dial plugins after Register, as kubelet does
+        self.reject_registrations = 0  # answer the next N Register calls with UNAVAILABLE
+        self._cond = threading.Condition()
+        self._state = _State()
+        self._server: grpc.Server | None = None
+        self.starts = 0
+        self.started_at = 0.0  # time.monotonic() of the last start
+
+    # --- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> KubeletStandIn:
+        """Create kubelet.sock and serve Register."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+        api_pb2_grpc.add_RegistrationServicer_to_server(_RegistrationService(self), server)
+        if server.add_insecure_port(f"unix://{self.socket}") == 0:
+            raise RuntimeError(f"cannot bind {self.socket}")
+        server.start()
+        self._server = server
+        self.starts += 1
+        self.started_at = time.monotonic()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and drop every plugin connection (kubelet.sock may remain as a file)."""
+        if self._server is not None:
+            self._server.stop(grace=None).wait(5)
+            self._server = None
+        with self._cond:
+            plugins = list(self._state.plugins.values())
+            self._state.plugins.clear()
+        for plugin in plugins:
+            plugin.close()
+
+    def wipe_sockets(self) -> list[str]:
+        """Delete every socket file in the device-plugins folder, as kubelet does at start."""
+        removed = []
+        for entry in os.scandir(self.dir):
+            try:
+                if stat.S_ISSOCK(entry.stat(follow_symlinks=False).st_mode):
+                    os.unlink(entry.path)
+                    removed.append(entry.name)
+            except FileNotFoundError:
+                pass
+        return sorted(removed)
+
+    def restart(self, downtime: float = 0.0) -> list[str]:
+        """A kubelet restart: stop, wipe every socket (the plugins' too), start again (a new
+        kubelet.sock inode). Returns the socket names wiped."""
+        self.stop()
+        removed = self.wipe_sockets()
+        if downtime:
+            time.sleep(downtime)
+        self.start()
+        return removed
+
+    def close(self) -> None:
+        self.stop()
+        try:
+            os.unlink(self.socket)
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self) -> KubeletStandIn:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- Register -------------------------------------------------------------------------------
+    def _on_register(self, request: api_pb2.RegisterRequest, context: grpc.ServicerContext) -> api_pb2.Empty:
+        copy = api_pb2.RegisterRequest()
+        copy.CopyFrom(request)
+        record = Registration(time.monotonic(), copy,
+                              endpoint_existed=bool(request.endpoint) and wait_for_path(
+                                  self.dir / os.path.basename(request.endpoint), 0))
+        with self._cond:
+            if self.reject_registrations > 0:
+                self.reject_registrations -= 1
+                record.accepted = False
+        if record.accepted and request.version not in SUPPORTED_VERSIONS:
+            record.accepted = False
+        with self._cond:
+            self._state.registrations.append(record)
+            self._cond.notify_all()
+        if not record.accepted:
+            if request.version not in SUPPORTED_VERSIONS:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"unsupported API version {request.version!r}")
+            context.abort(grpc.StatusCode.UNAVAILABLE, "registration rejected by the test")
+        if self.connect:
+            threading.Thread(target=self._connect_registered, args=(copy,), daemon=True).start()
+        return api_pb2.Empty()
+
+    def _connect_registered(self, request: api_pb2.RegisterRequest) -> None:
+        try:
+            plugin = PluginConnection(self.dir / request.endpoint, request.resource_name)
+        except BaseException as exc:  # recorded for the test to see
+            with self._cond:
+                self._state.connect_errors.append((request.resource_name, exc))
+                self._cond.notify_all()
+            return
+        self._install(request.resource_name, plugin)
+
+    def _install(self, resource: str, plugin: PluginConnection) -> None:
+        with self._cond:
+            old = self._state.plugins.get(resource)
+            self._state.plugins[resource] = plugin
+            self._cond.notify_all()
+        if old is not None:
+            old.close()
+
+    # --- what tests look at ---------------------------------------------------------------------
+    @property
+    def registrations(self) -> list[Registration]:
+        with self._cond:
+            return list(self._state.registrations)
+
+    @property
+    def connect_errors(self) -> list[tuple[str, BaseException]]:
+        with self._cond:
+            return list(self._state.connect_errors)
+
+    def wait_registrations(self, count: int, timeout: float) -> list[Registration]:
+        """Wait until at least `count` Register calls arrived."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: len(self._state.registrations) >= count, timeout):
+                raise AssertionError(f"{len(self._state.registrations)} registrations after "
+                                     f"{timeout:.1f} s, expected {count}")
+            return list(self._state.registrations)
+
+    def plugin(self, resource: str, timeout: float = RPC_TIMEOUT,
+               newer_than: PluginConnection | None = None, since: float = 0.0) -> PluginConnection:
+        """The current connection to the plugin of `resource` (waiting for one, for one other
+        than `newer_than`, and for one made at or after monotonic time `since`)."""
+        def ready() -> bool:
+            current = self._state.plugins.get(resource)
+            return current is not None and current is not newer_than and current.connected_at >= since
+        with self._cond:
+            if not self._cond.wait_for(ready, timeout):
+                raise AssertionError(f"no plugin connection for {resource!r} after {timeout:.1f} s; "
+                                     f"connect errors: {self._state.connect_errors!r}")
+            return self._state.plugins[resource]
+
+    # --- plugin-watcher mode --------------------------------------------------------------------
+    def connect_via_watcher(self, socket_name: str, timeout: float = RPC_TIMEOUT,
+                            notify: bool = True) -> tuple[reg_pb2.PluginInfo, PluginConnection]:
+        """What kubelet's plugin watcher does for <kubelet dir>/plugins_registry/<socket_name>:
+        GetInfo, dial the endpoint it names, options + ListAndWatch, NotifyRegistrationStatus."""
+        registry = self.kubelet_dir / "plugins_registry" / socket_name
+        channel = unix_channel(registry, timeout)
+        try:
+            stub = reg_pb2_grpc.RegistrationStub(channel)
+            info = stub.GetInfo(reg_pb2.InfoRequest(), timeout=timeout)
+            endpoint = info.endpoint if os.path.isabs(info.endpoint) else str(self.dir / info.endpoint)
+            try:
+                plugin = PluginConnection(endpoint, info.name, timeout)
+            except BaseException as exc:
+                if notify:
+                    stub.NotifyRegistrationStatus(reg_pb2.RegistrationStatus(
+                        plugin_registered=False, error=f"cannot dial {endpoint}: {exc}"), timeout=timeout)
+                raise
+            if notify:
+                stub.NotifyRegistrationStatus(reg_pb2.RegistrationStatus(plugin_registered=True),
+                                              timeout=timeout)
+        finally:
+            channel.close()
+        self._install(info.name, plugin)
+        return info, plugin
+
+
+def summarize(updates: Iterable[DeviceListUpdate], since: float = 0.0) -> list[tuple[float, dict[str, str]]]:
+    """(seconds since `since`, {id: health}) per update: for benchmark output and failure messages."""
+    return [(u.time - since, u.health()) for u in updates]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python tests/kubelet_standin.py DEVICE_PLUGINS_DIR`: serve until Ctrl-C, printing each
+    registration and device list as JSON lines (for manual runs in the guest)."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description="stand-in kubelet device manager")
+    parser.add_argument("device_plugins_dir")
+    args = parser.parse_args(argv)
+    kubelet = KubeletStandIn(args.device_plugins_dir).start()
+    t0 = time.monotonic()
+    registrations_seen = 0
+    updates_seen: dict[int, int] = {}  # id(connection) -> lists printed
+    try:
+        while True:
+            time.sleep(0.1)
+            registrations = kubelet.registrations
+            for reg in registrations[registrations_seen:]:
+                print(json.dumps({"t": round(reg.time - t0, 3), "register": reg.request.resource_name,
+                                  "endpoint": reg.request.endpoint, "accepted": reg.accepted}), flush=True)
+            registrations_seen = len(registrations)
+            with kubelet._cond:
+                plugins = dict(kubelet._state.plugins)
+            for name, plugin in plugins.items():
+                history = list(plugin.history)
+                for update in history[updates_seen.get(id(plugin), 0):]:
+                    health = update.health()
+                    print(json.dumps({"t": round(update.time - t0, 3), "resource": name, "devices": len(health),
+                                      "healthy": sum(v == "Healthy" for v in health.values())}), flush=True)
+                updates_seen[id(plugin)] = len(history)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        kubelet.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
