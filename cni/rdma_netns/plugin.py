@@ -11,7 +11,7 @@ import os
 import sys
 from _socket import AF_INET, AF_INET6
 
-from rdma_netns import addressing, ipam, modes, rails
+from rdma_netns import addressing, faults, ipam, modes, rails
 from rdma_netns.config import loader
 from rdma_netns.kernel import netns, rdma_sysfs, rtnl
 from rdma_netns.kernel.netlink import NetlinkError, NetlinkSocket
@@ -126,14 +126,17 @@ def cmd_add(env: CniEnv, cfg: loader.Config) -> dict:
                     "rails": [r.to_state() | mode.prepare(r, p) for r, p in zip(plan, parents)],
                 }
                 store.save(env.container_id, env.ifname, state)
+                faults.point("state-written")
                 try:
                     result = _add_rails(env, cfg, mode, plan, parents, host_sock, pod_fd, state)
                 except BaseException:
                     _rollback(state, env, cfg, store)
                     raise
+            faults.point("before-ready")
             state["phase"] = "ready"
             state["result"] = result
             store.save(env.container_id, env.ifname, state)
+            faults.point("before-result")
             return result
         finally:
             os.close(pod_fd)
@@ -151,6 +154,7 @@ def _add_rdma_device_only(env: CniEnv, cfg: loader.Config, store: StateStore, po
              "containerID": env.container_id, "ifname": env.ifname, "netns": env.netns, "network": cfg.net["name"],
              "rails": [{"ifname": env.ifname, "rdmaDevice": device, "rdmaOnly": True, "ipam": None}]}
     store.save(env.container_id, env.ifname, state)
+    faults.point("state-written")
     try:
         exclusive.move_rdma_device(device, pod_fd)
     except BaseException:
@@ -159,9 +163,11 @@ def _add_rdma_device_only(env: CniEnv, cfg: loader.Config, store: StateStore, po
     for iface in prev.get("interfaces", []):
         if iface.get("name") == env.ifname and iface.get("sandbox"):
             iface["pciID"] = rdma_sysfs.pci_address_of_device(device) or device
+    faults.point("before-ready")
     state["phase"] = "ready"
     state["result"] = prev
     store.save(env.container_id, env.ifname, state)
+    faults.point("before-result")
     return prev
 
 
@@ -196,18 +202,20 @@ def _add_rails(env: CniEnv, cfg: loader.Config, mode: modes.Mode, plan: list[rai
     if cfg.runtime.ips:
         extra["runtimeConfig"] = {"ips": cfg.runtime.ips}
     ipam_results = []
-    for rail, rail_state in zip(plan, state["rails"]):
+    for i, (rail, rail_state) in enumerate(zip(plan, state["rails"])):
         rail_state["ipamStarted"] = True  # from here on a rollback owes this rail an IPAM DEL
         ipam_results.append(
             ipam.invoke("ADD", ipam=rail.ipam, network=net["name"], cni_version=cfg.cni_version,
                         container_id=env.container_id, netns=env.netns, ifname=rail.ifname, cni_path=env.path,
                         timeout=net["ipamTimeoutSeconds"], extra=extra))
+        faults.point(f"ipam-{i}")
     addressings = [addressing.parse_ipam_result(r, rail.ifname) for r, rail in zip(ipam_results, plan)]
-    for rail, parent in zip(plan, parents):
+    for i, (rail, parent) in enumerate(zip(plan, parents)):
         mode.attach(host_sock, pod_fd, rail, parent, cfg.runtime.mac)
+        faults.point(f"attached-{i}")
     links: list[rtnl.Link] = []
     with netns.inside(pod_fd), NetlinkSocket() as pod_sock:
-        for rail, plan_ip in zip(plan, addressings):
+        for i, (rail, plan_ip) in enumerate(zip(plan, addressings)):
             link = rtnl.get_link(pod_sock, rail.ifname)
             if link is None:
                 raise CniError(KERNEL_REJECTED, f"{rail.ifname} vanished from the pod right after it was created")
@@ -216,6 +224,7 @@ def _add_rails(env: CniEnv, cfg: loader.Config, mode: modes.Mode, plan: list[rai
             except NetlinkError as exc:
                 raise CniError(KERNEL_REJECTED, f"configuring {rail.ifname}: {exc.strerror}") from None
             links.append(link)
+            faults.point(f"addressed-{i}")
     gids = _wait_for_gids(plan, addressings, net["gidWaitMs"] / 1000,
                           pod_fd if mode.name == "exclusive" else None)
     for rail_state, gid in zip(state["rails"], gids):

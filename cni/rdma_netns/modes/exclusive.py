@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 
+from rdma_netns import faults
 from rdma_netns.kernel import rtnl
 from rdma_netns.kernel.netlink import NetlinkError, NetlinkSocket
 from rdma_netns.rails import Rail
@@ -41,6 +42,7 @@ class ExclusiveMode:
             if exc.errno == errno.EEXIST:
                 raise CniError(IFNAME_EXISTS, f"the pod already has an interface named {rail.ifname}") from None
             raise CniError(KERNEL_REJECTED, f"cannot move {rail.netdev} into the pod: {exc.strerror}") from None
+        faults.point(f"netdev-moved-{rail.ifname}")
         if rail.rdma is not None:
             move_rdma_device(rail.rdma.device, pod_netns_fd)
 
