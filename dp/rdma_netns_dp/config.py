@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 # Kubernetes extended resource names: a DNS-subdomain prefix, "/", a name (validation.IsQualifiedName).
 _RESOURCE_NAME = re.compile(
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+MAX_SOCKET_PATH = 107  # sun_path is 108 bytes with its NUL; gRPC refuses longer paths
 _PCI_ID = re.compile(r"^(0x)?[0-9a-fA-F]{4}$")
 
 
@@ -101,6 +102,12 @@ class DevicePluginConfig(_Strict):
             raise ValueError("resources: at least one resource is needed")
         if len(set(names)) != len(names):
             raise ValueError(f"resources: names must be distinct, got {names}")
+        for resource in self.resources:
+            for folder in ("device-plugins", "plugins_registry"):
+                path = os.path.join(self.kubeletDir, folder, f"rdma-netns-{resource.slug}.sock")
+                if len(path) > MAX_SOCKET_PATH:
+                    raise ValueError(f"socket path {path} is {len(path)} characters; unix sockets allow "
+                                     f"{MAX_SOCKET_PATH}: shorten the resource name or kubeletDir")
         return self
 
 

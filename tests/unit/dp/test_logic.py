@@ -205,6 +205,7 @@ def test_config_file_and_flags(tmp_path):
     ("healthIntervalSeconds: 0\n", "healthIntervalSeconds"),
     ("sharedUnits: 5\n", "sharedUnits"),  # belongs under resources: refused, not ignored
     ("[1, 2]\n", "mapping"),
+    ("resources: [{name: example.com/" + "a" * 90 + "}]\n", "unix sockets allow 107"),
     ("{broken json\n", "not valid YAML/JSON"),
     ("mode: [\n", "not valid YAML/JSON"),
 ])
