@@ -16,6 +16,7 @@ import os
 import posixpath
 import shutil
 import subprocess
+import tempfile
 import sys
 import time
 from pathlib import Path
@@ -310,12 +311,13 @@ def test_the_daemon_starts_with_the_configmap_config_and_its_probe_passes(tmp_pa
     config_file.write_text(configmap()["data"]["dp.yaml"])
     fake = FakeRdmaSysfs(tmp_path / "node", netns_mode="Y")
     fake.add_pci_device("mlx5_0", "0000:3b:00.0", "eth1")
-    (tmp_path / "kubelet" / "device-plugins").mkdir(parents=True)
+    kubelet = Path(tempfile.mkdtemp(prefix="dpk-", dir="/tmp"))  # unix socket paths stay short
+    (kubelet / "device-plugins").mkdir()
     health = tmp_path / "run" / "health.json"
     dp = shutil.which("rdma-netns-dp", path=os.path.dirname(sys.executable)) or pytest.fail("no rdma-netns-dp")
     command = [dp, *main["command"][1:]]
     command[command.index("--config") + 1] = str(config_file)
-    command += ["--kubelet-dir", str(tmp_path / "kubelet"), "--sysfs-root", str(fake.sys),
+    command += ["--kubelet-dir", str(kubelet), "--sysfs-root", str(fake.sys),
                 "--health-file", str(health), "--cni-state-dir", str(tmp_path / "cni"),
                 "--cdi-dir", str(tmp_path / "cdi")]
     probe = main["livenessProbe"]["exec"]["command"]
@@ -331,9 +333,11 @@ def test_the_daemon_starts_with_the_configmap_config_and_its_probe_passes(tmp_pa
         assert out.returncode == 0, out.stderr
         status = json.loads(health.read_text())
         assert status["resources"]["rdma/hca"]["devices"] == 1000
+        assert (kubelet / "device-plugins" / "rdma-netns-rdma_hca.sock").is_socket()
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+        shutil.rmtree(kubelet, ignore_errors=True)
     assert proc.returncode == 0
     out = subprocess.run(probe, capture_output=True, text=True)
     assert out.returncode == 1  # the daemon removed its health file: the probe fails
