@@ -38,6 +38,9 @@ EXPECTED = [
     "test_2_exclusive::test_exclusive_moves_a_physical_nic_in_and_back_even_after_the_pod_died",
     "test_3_mode_switch::test_mode_change_is_refused_while_a_namespace_exists_and_names_it",
     "test_3_mode_switch::test_mode_change_works_without_namespaces_and_the_plugin_checks_the_mode",
+    "test_4_device_plugin::test_dp_shared_advertises_the_real_rxe_devices_and_allocates_their_uverbs",
+    "test_4_device_plugin::test_dp_confined_container_opens_only_its_device_and_port_down_turns_units_unhealthy",
+    "test_4_device_plugin::test_dp_exclusive_mode_follows_the_kernel_mode",
     "test_add_del::test_ipvlan_link",
 ]
 

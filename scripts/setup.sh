@@ -2,7 +2,7 @@
 # Install everything rdma-netns needs on a Debian 12 machine, idempotently: Debian's CNI
 # reference plugins (host-local IPAM, and the Go plugins the benchmark compares against),
 # iproute2 and ping for the demo, Podman (with runc and busybox-static: the real-runtime test),
-# and a virtual environment (.venv) with rdma-netns installed
+# strace and GNU time for the benchmarks, and a virtual environment (.venv) with rdma-netns installed
 # the way a node gets it (a real install, byte-compiled; not an editable one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,7 +13,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 missing=()
-for pkg in containernetworking-plugins iproute2 iputils-ping podman conmon crun runc busybox-static; do
+for pkg in containernetworking-plugins iproute2 iputils-ping podman conmon crun runc busybox-static strace time; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
