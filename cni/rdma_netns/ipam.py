@@ -61,7 +61,8 @@ def invoke(command: str, *, ipam: dict, network: str, cni_version: str, containe
     except OSError as exc:
         raise CniError(IPAM_FAILED, f"IPAM {ipam['type']} could not be run: {exc}") from None
     if proc.returncode != 0:
-        raise CniError(IPAM_FAILED, f"IPAM {ipam['type']} {command} for {ifname} failed: {_error_text(proc)}")
+        error = IpamRefused if _is_cni_error(proc) else CniError
+        raise error(IPAM_FAILED, f"IPAM {ipam['type']} {command} for {ifname} failed: {_error_text(proc)}")
     if command != "ADD":
         return None
     try:
@@ -71,6 +72,19 @@ def invoke(command: str, *, ipam: dict, network: str, cni_version: str, containe
     if not isinstance(result, dict) or not result.get("ips"):
         raise CniError(IPAM_FAILED, f"IPAM {ipam['type']} returned no IP address for {ifname}")
     return result
+
+
+class IpamRefused(CniError):
+    """The IPAM plugin answered with a CNI error: it decided, and holds nothing for this call.
+    (A timeout, a crash or garbage output leaves that unknown.)"""
+
+
+def _is_cni_error(proc: execplugin.Finished) -> bool:
+    try:
+        err = jsonio.loads(proc.stdout)
+    except ValueError:
+        return False
+    return isinstance(err, dict) and isinstance(err.get("code"), int)
 
 
 def _error_text(proc: execplugin.Finished) -> str:

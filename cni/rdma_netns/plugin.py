@@ -61,13 +61,24 @@ def _open_pod_netns(path: str) -> int:
 
 
 def _open_pod_netns_if_alive(path: str) -> int | None:
-    """For teardown: the pod namespace if it still exists, else None (its links went with it)."""
+    """For teardown: the pod namespace if it still exists, else None (its links went with it).
+
+    The plugin's own namespace is never a pod's: teardown there would delete host interfaces
+    that happen to carry a pod-side name, so it is refused like on ADD."""
     if not path:
         return None
     try:
-        return netns.open_netns(path)
+        fd = netns.open_netns(path)
     except (OSError, netns.NotANetns):
         return None
+    home = netns.current_netns_fd()
+    try:
+        if netns.same_netns(fd, home):
+            os.close(fd)
+            raise CniError(INVALID_ENV, f"CNI_NETNS {path} is the plugin's own (host) namespace")
+    finally:
+        os.close(home)
+    return fd
 
 
 def _rail_routing(net: dict, link: rtnl.Link) -> tuple[int, int]:
@@ -85,6 +96,8 @@ def _host_parent(sock: NetlinkSocket, rail: rails.Rail, mode: modes.Mode) -> rtn
     link = rtnl.get_link(sock, rail.netdev)
     if link is None:
         raise CniError(RAIL_UNAVAILABLE, f"rail netdev {rail.netdev} does not exist in the host namespace")
+    if link.flags & rtnl.IFF_LOOPBACK:
+        raise CniError(RAIL_UNAVAILABLE, f"rail netdev {rail.netdev} is a loopback device, not a NIC")
     if mode.name == "shared" and not link.flags & rtnl.IFF_UP:
         raise CniError(RAIL_UNAVAILABLE, f"rail netdev {rail.netdev} is down")
     return link
@@ -129,13 +142,11 @@ def cmd_add(env: CniEnv, cfg: loader.Config) -> dict:
                 faults.point("state-written")
                 try:
                     result = _add_rails(env, cfg, mode, plan, parents, host_sock, pod_fd, state)
+                    faults.point("before-ready")
+                    _save_ready(store, env, state, result)
                 except BaseException:
                     _rollback(state, env, cfg, store)
                     raise
-            faults.point("before-ready")
-            state["phase"] = "ready"
-            state["result"] = result
-            store.save(env.container_id, env.ifname, state)
             faults.point("before-result")
             return result
         finally:
@@ -157,18 +168,27 @@ def _add_rdma_device_only(env: CniEnv, cfg: loader.Config, store: StateStore, po
     faults.point("state-written")
     try:
         exclusive.move_rdma_device(device, pod_fd)
+        for iface in prev.get("interfaces", []):
+            if iface.get("name") == env.ifname and iface.get("sandbox"):
+                iface["pciID"] = rdma_sysfs.pci_address_of_device(device) or device
+        faults.point("before-ready")
+        _save_ready(store, env, state, prev)
     except BaseException:
         _rollback(state, env, cfg, store)
         raise
-    for iface in prev.get("interfaces", []):
-        if iface.get("name") == env.ifname and iface.get("sandbox"):
-            iface["pciID"] = rdma_sysfs.pci_address_of_device(device) or device
-    faults.point("before-ready")
-    state["phase"] = "ready"
-    state["result"] = prev
-    store.save(env.container_id, env.ifname, state)
     faults.point("before-result")
     return prev
+
+
+def _save_ready(store: StateStore, env: CniEnv, state: dict, result: dict) -> None:
+    """The attachment is complete; a failure to record that is rolled back like any other."""
+    state["phase"] = "ready"
+    state["result"] = result
+    try:
+        store.save(env.container_id, env.ifname, state)
+    except BaseException:
+        state["phase"] = "adding"
+        raise
 
 
 def _rdma_device_for_chained(cfg: loader.Config) -> str:
@@ -204,10 +224,16 @@ def _add_rails(env: CniEnv, cfg: loader.Config, mode: modes.Mode, plan: list[rai
     ipam_results = []
     for i, (rail, rail_state) in enumerate(zip(plan, state["rails"])):
         rail_state["ipamStarted"] = True  # from here on a rollback owes this rail an IPAM DEL
-        ipam_results.append(
-            ipam.invoke("ADD", ipam=rail.ipam, network=net["name"], cni_version=cfg.cni_version,
-                        container_id=env.container_id, netns=env.netns, ifname=rail.ifname, cni_path=env.path,
-                        timeout=net["ipamTimeoutSeconds"], extra=extra))
+        try:
+            ipam_results.append(
+                ipam.invoke("ADD", ipam=rail.ipam, network=net["name"], cni_version=cfg.cni_version,
+                            container_id=env.container_id, netns=env.netns, ifname=rail.ifname,
+                            cni_path=env.path, timeout=net["ipamTimeoutSeconds"], extra=extra))
+        except ipam.IpamRefused:
+            # It answered with a CNI error: it holds nothing for us, so the rollback's IPAM DEL is
+            # a courtesy (the spec's), and its failure must not keep an attachment nobody can delete.
+            rail_state["ipamRefused"] = True
+            raise
         faults.point(f"ipam-{i}")
     addressings = [addressing.parse_ipam_result(r, rail.ifname) for r, rail in zip(ipam_results, plan)]
     for i, (rail, parent) in enumerate(zip(plan, parents)):
@@ -224,6 +250,8 @@ def _add_rails(env: CniEnv, cfg: loader.Config, mode: modes.Mode, plan: list[rai
             except NetlinkError as exc:
                 raise CniError(KERNEL_REJECTED, f"configuring {rail.ifname}: {exc.strerror}") from None
             links.append(link)
+            # Kept so that DEL can still find this rail's policy rules if its interface vanishes.
+            state["rails"][i]["addresses"] = [address.address_text() for address, _gw in plan_ip.addresses]
             faults.point(f"addressed-{i}")
     gids = _wait_for_gids(plan, addressings, net["gidWaitMs"] / 1000,
                           pod_fd if mode.name == "exclusive" else None)
@@ -331,6 +359,9 @@ def _teardown(state: dict, env: CniEnv, cfg: loader.Config, rollback: bool = Fal
                         netns=state.get("netns") or env.netns, ifname=rail["ifname"], cni_path=env.path,
                         timeout=cfg.net["ipamTimeoutSeconds"])
         except CniError as exc:
+            if rollback and rail.get("ipamRefused"):
+                log(f"IPAM DEL after a refused IPAM ADD failed too (ignored): {exc.msg}")
+                continue
             errors.append(exc.msg)
     return errors
 
@@ -346,7 +377,10 @@ def _detach_rail(pod_sock: NetlinkSocket, mode: modes.Mode, rail: dict, net: dic
         exclusive.move_rdma_device(rail["rdmaDevice"], host_fd, missing_ok=True)
         return
     link = mode.find_in_pod(pod_sock, rail)
-    if link is None or not mode.owns(link, rail):
+    if link is None:
+        _remove_orphan_rules(pod_sock, rail, net)
+        return
+    if not mode.owns(link, rail):
         return
     table, priority = _rail_routing(net, link)
     for family in (AF_INET6, AF_INET):  # rules are not removed with the link
@@ -354,6 +388,19 @@ def _detach_rail(pod_sock: NetlinkSocket, mode: modes.Mode, rail: dict, net: dic
                  if r.table == table and r.priority == priority and r.src is not None]
         addressing.remove_rules(pod_sock, stale, table, priority)
     mode.detach(pod_sock, link, rail, host_fd)
+
+
+def _remove_orphan_rules(pod_sock: NetlinkSocket, rail: dict, net: dict) -> None:
+    """The rail's pod interface is already gone (deleted, or its host NIC vanished and took its
+    macvlan along), but policy rules outlive interfaces: remove ours by the recorded addresses."""
+    ours = set(rail.get("addresses") or [])
+    if not ours:
+        return
+    for family in (AF_INET6, AF_INET):
+        for rule in rtnl.list_rules(pod_sock, family):
+            if (rule.priority == net["rulePriorityBase"] and rule.src is not None
+                    and rule.src.address_text() in ours):
+                addressing.remove_rules(pod_sock, [rule.src], rule.table, rule.priority)
 
 
 def cmd_del(env: CniEnv, cfg: loader.Config) -> None:

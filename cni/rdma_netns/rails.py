@@ -69,8 +69,8 @@ def _by_device_id(entries: list[dict], device_id: str) -> list[dict]:
         if (entry.get("pciAddress") == device_id or entry.get("rdmaDevice") == device_id
                 or entry.get("netdev") in netdevs):
             return [entry]
-    if len(entries) == 1:
-        return [dict(entries[0], netdev=netdevs[0], rdmaDevice=None, pciAddress=None)]
+    # Never a NIC outside the configured rails, even with one rail: deviceID comes from the pod's
+    # side (Multus, the runtime) and must not be able to take any interface of the node.
     raise CniError(INVALID_CONFIG, f"runtimeConfig.deviceID {device_id} is not one of the configured rails")
 
 

@@ -79,7 +79,10 @@ class AttachmentLock:
         self.fd = -1
 
     def __enter__(self) -> float:
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as exc:  # read-only or full state folder, a planted symlink (ELOOP)
+            raise CniError(IO_FAILURE, f"cannot open the lock file {self.path}: {exc.strerror}") from None
         start = time.monotonic()
         delay = 0.001
         while True:

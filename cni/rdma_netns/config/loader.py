@@ -66,6 +66,8 @@ def parse_json(data: bytes) -> dict:
         raw = jsonio.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
         raise CniError(DECODE_FAILURE, "config on stdin is not valid JSON", str(exc)) from None
+    except RecursionError:
+        raise CniError(DECODE_FAILURE, "config on stdin is nested too deeply to be a network config") from None
     if not isinstance(raw, dict):
         raise CniError(DECODE_FAILURE, "config on stdin must be a JSON object")
     return raw

@@ -53,7 +53,8 @@ class NotANetns(Exception):
 
 def open_netns(path: str) -> int:
     """Open `path` as a network namespace fd; FileNotFoundError if gone, NotANetns if not one."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY)
+    # O_NONBLOCK: a FIFO (or a device) given as the netns must not block the open; nsfs ignores it.
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
     try:
         kind = fcntl.ioctl(fd, NS_GET_NSTYPE)
     except OSError:

@@ -41,6 +41,7 @@ IFLA_INFO_KIND, IFLA_INFO_DATA = 1, 2
 IFLA_MACVLAN_MODE = 1
 IFLA_IPVLAN_MODE = 1
 IFF_UP = 0x1
+IFF_LOOPBACK = 0x8
 
 MACVLAN_MODES = {"private": 1, "vepa": 2, "bridge": 4, "passthru": 8}
 IPVLAN_MODES = {"l2": 0, "l3": 1, "l3s": 2}
