@@ -50,6 +50,11 @@ def _open_pod_netns(path: str) -> int:
         raise CniError(INVALID_ENV, f"CNI_NETNS {path} is not a network namespace") from None
     except OSError as exc:
         raise CniError(INVALID_ENV, f"CNI_NETNS {path} cannot be opened: {exc.strerror}") from None
+    return _refuse_own_netns(fd, path)
+
+
+def _refuse_own_netns(fd: int, path: str) -> int:
+    """A pod namespace is never the plugin's own: pod-side work there would hit host interfaces."""
     home = netns.current_netns_fd()
     try:
         if netns.same_netns(fd, home):
@@ -63,22 +68,15 @@ def _open_pod_netns(path: str) -> int:
 def _open_pod_netns_if_alive(path: str) -> int | None:
     """For teardown: the pod namespace if it still exists, else None (its links went with it).
 
-    The plugin's own namespace is never a pod's: teardown there would delete host interfaces
-    that happen to carry a pod-side name, so it is refused like on ADD."""
+    The plugin's own namespace is refused as on ADD: teardown there would delete host interfaces
+    that happen to carry a pod-side name."""
     if not path:
         return None
     try:
         fd = netns.open_netns(path)
     except (OSError, netns.NotANetns):
         return None
-    home = netns.current_netns_fd()
-    try:
-        if netns.same_netns(fd, home):
-            os.close(fd)
-            raise CniError(INVALID_ENV, f"CNI_NETNS {path} is the plugin's own (host) namespace")
-    finally:
-        os.close(home)
-    return fd
+    return _refuse_own_netns(fd, path)
 
 
 def _rail_routing(net: dict, link: rtnl.Link) -> tuple[int, int]:
