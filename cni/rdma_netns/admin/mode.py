@@ -63,29 +63,10 @@ def set_mode(mode: str, persist_it: bool, modprobe_file: str = MODPROBE_FILE,
     """Set the live mode (if the kernel lets us now) and optionally persist it; explain either way.
 
     live=False only persists: install.sh uses it when installing into another root."""
-    from rdma_netns.kernel.rdma_netlink import RdmaBusy, RdmaError, RdmaNetlink
-
-    messages = []
+    messages: list[str] = []
     status = 0
-    if not live:
-        pass
-    elif rdma_sysfs.netns_mode() is None:
-        messages.append("this kernel has no RDMA subsystem loaded: nothing to change now")
-        status = 1
-    else:
-        try:
-            with RdmaNetlink() as rdma:
-                if rdma.netns_mode() == mode:
-                    messages.append(f"RDMA netns mode is already {mode}")
-                else:
-                    rdma.set_netns_mode(mode)
-                    messages.append(f"RDMA netns mode set to {mode}")
-        except RdmaBusy as exc:
-            messages.append(f"cannot change the mode now: {exc}")
-            status = 1
-        except RdmaError as exc:
-            messages.append(f"cannot change the mode: {exc}")
-            status = 1
+    if live:
+        status = _set_live(mode, messages)
     if persist_it:
         persist(mode, modprobe_file)
         messages.append(f"wrote {modprobe_file}: ib_core starts in {mode} mode from the next boot (or module load)")
@@ -93,3 +74,26 @@ def set_mode(mode: str, persist_it: bool, modprobe_file: str = MODPROBE_FILE,
             messages.append("reboot the node (or set the mode before the container runtime starts) to apply it")
         status = 0  # what was asked for persistently is done; the message says what is still pending
     return status, "\n".join(messages)
+
+
+def _set_live(mode: str, messages: list[str]) -> int:
+    """Change the running kernel's mode now, if it lets us; 1 (and why, in messages) if not."""
+    from rdma_netns.kernel.rdma_netlink import RdmaBusy, RdmaError, RdmaNetlink
+
+    if rdma_sysfs.netns_mode() is None:
+        messages.append("this kernel has no RDMA subsystem loaded: nothing to change now")
+        return 1
+    try:
+        with RdmaNetlink() as rdma:
+            if rdma.netns_mode() == mode:
+                messages.append(f"RDMA netns mode is already {mode}")
+            else:
+                rdma.set_netns_mode(mode)
+                messages.append(f"RDMA netns mode set to {mode}")
+    except RdmaBusy as exc:
+        messages.append(f"cannot change the mode now: {exc}")
+        return 1
+    except RdmaError as exc:
+        messages.append(f"cannot change the mode: {exc}")
+        return 1
+    return 0

@@ -56,8 +56,8 @@ class ExclusiveMode:
         mac = rail_state.get("hostMac")
         if not mac or mac == "00:00:00:00:00:00":  # no identity to find it by (and lo has this MAC)
             return None
-        return next((lk for lk in rtnl.list_links(pod_sock)
-                     if lk.mac == mac and lk.kind in PHYSICAL_KINDS and not lk.flags & rtnl.IFF_LOOPBACK), None)
+        return next((lk for lk in rtnl.list_links(pod_sock) if lk.mac == mac and lk.kind in PHYSICAL_KINDS),
+                    None)
 
     def detach(self, pod_sock: NetlinkSocket, link: rtnl.Link, rail_state: dict, host_netns_fd: int) -> None:
         """Inside the pod: the RDMA device goes back first, then the netdev under its host name."""
