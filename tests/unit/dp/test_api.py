@@ -14,6 +14,7 @@ import pytest
 
 from rdma_netns_dp.api.deviceplugin.v1beta1 import api_pb2 as dp
 from rdma_netns_dp.api.pluginregistration.v1 import api_pb2 as reg
+from rdma_netns_dp.api.podresources.v1 import api_pb2 as pr
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -44,6 +45,26 @@ REGISTRATION_FIELDS = [
     ("RegistrationStatus", "error", 2),
 ]
 
+# kubelet's k8s.io/kubelet/pkg/apis/podresources/v1/api.proto: (message, field name, number).
+PODRESOURCES_FIELDS = [
+    ("AllocatableResourcesResponse", "devices", 1), ("AllocatableResourcesResponse", "cpu_ids", 2),
+    ("AllocatableResourcesResponse", "memory", 3), ("ListPodResourcesResponse", "pod_resources", 1),
+    ("PodResources", "name", 1), ("PodResources", "namespace", 2), ("PodResources", "containers", 3),
+    ("PodResources", "cpu_ids", 4), ("PodResources", "memory", 5),
+    ("ContainerResources", "name", 1), ("ContainerResources", "devices", 2),
+    ("ContainerResources", "cpu_ids", 3), ("ContainerResources", "memory", 4),
+    ("ContainerResources", "dynamic_resources", 5),
+    ("ContainerMemory", "memory_type", 1), ("ContainerMemory", "size", 2), ("ContainerMemory", "topology", 3),
+    ("ContainerDevices", "resource_name", 1), ("ContainerDevices", "device_ids", 2),
+    ("ContainerDevices", "topology", 3), ("TopologyInfo", "nodes", 1), ("NUMANode", "ID", 1),
+    ("DynamicResource", "claim_name", 2), ("DynamicResource", "claim_namespace", 3),
+    ("DynamicResource", "claim_resources", 4),
+    ("ClaimResource", "cdi_devices", 1), ("ClaimResource", "driver_name", 2), ("ClaimResource", "pool_name", 3),
+    ("ClaimResource", "device_name", 4), ("ClaimResource", "share_id", 5), ("CDIDevice", "name", 1),
+    ("GetPodResourcesRequest", "pod_name", 1), ("GetPodResourcesRequest", "pod_namespace", 2),
+    ("GetPodResourcesResponse", "pod_resources", 1),
+]
+
 
 @pytest.mark.parametrize("message,field,number", DEVICEPLUGIN_FIELDS)
 def test_deviceplugin_field_numbers(message, field, number):
@@ -53,6 +74,47 @@ def test_deviceplugin_field_numbers(message, field, number):
 @pytest.mark.parametrize("message,field,number", REGISTRATION_FIELDS)
 def test_pluginregistration_field_numbers(message, field, number):
     assert reg.DESCRIPTOR.message_types_by_name[message].fields_by_name[field].number == number
+
+
+@pytest.mark.parametrize("message,field,number", PODRESOURCES_FIELDS)
+def test_podresources_field_numbers(message, field, number):
+    assert pr.DESCRIPTOR.message_types_by_name[message].fields_by_name[field].number == number
+
+
+def test_podresources_service_and_types_are_kubelets():
+    assert pr.DESCRIPTOR.package == "v1"
+    lister = pr.DESCRIPTOR.services_by_name["PodResourcesLister"]
+    assert lister.full_name == "v1.PodResourcesLister"
+    assert [(m.name, m.input_type.full_name, m.output_type.full_name) for m in lister.methods] == [
+        ("List", "v1.ListPodResourcesRequest", "v1.ListPodResourcesResponse"),
+        ("GetAllocatableResources", "v1.AllocatableResourcesRequest", "v1.AllocatableResourcesResponse"),
+        ("Get", "v1.GetPodResourcesRequest", "v1.GetPodResourcesResponse")]
+    assert not any(m.server_streaming or m.client_streaming for m in lister.methods)
+    fields = pr.DESCRIPTOR.message_types_by_name
+    # Types matter on the wire as much as numbers: NUMA IDs and CPU IDs are int64, sizes uint64.
+    assert fields["NUMANode"].fields_by_name["ID"].type == fields["NUMANode"].fields_by_name["ID"].TYPE_INT64
+    assert fields["ContainerMemory"].fields_by_name["size"].type == \
+        fields["ContainerMemory"].fields_by_name["size"].TYPE_UINT64
+    assert fields["ContainerResources"].fields_by_name["cpu_ids"].type == \
+        fields["ContainerResources"].fields_by_name["cpu_ids"].TYPE_INT64
+    # DynamicResource.class_name (1) was removed by kubelet: nothing may use number 1 there.
+    assert 1 not in fields["DynamicResource"].fields_by_number
+    assert fields["ClaimResource"].fields_by_name["share_id"].has_presence
+
+
+def test_podresources_bytes_as_kubelet_sends_them():
+    # A List answer built field by field as kubelet's Go code would encode it (tags hand-written):
+    # pod_resources(1){name(1) "p", namespace(2) "n", containers(3){name(1) "c",
+    #   devices(2){resource_name(1) "r/x", device_ids(2) "a", "b"}}}
+    device = b"\x0a\x03r/x" + b"\x12\x01a" + b"\x12\x01b"
+    container = b"\x0a\x01c" + b"\x12" + bytes([len(device)]) + device
+    pod = b"\x0a\x01p" + b"\x12\x01n" + b"\x1a" + bytes([len(container)]) + container
+    wire = b"\x0a" + bytes([len(pod)]) + pod
+    answer = pr.ListPodResourcesResponse.FromString(wire)
+    assert [(p.namespace, p.name) for p in answer.pod_resources] == [("n", "p")]
+    devices = answer.pod_resources[0].containers[0].devices
+    assert [(d.resource_name, list(d.device_ids)) for d in devices] == [("r/x", ["a", "b"])]
+    assert answer.SerializeToString() == wire
 
 
 def test_packages_and_methods_are_kubelets():
@@ -83,6 +145,6 @@ def test_generated_code_matches_the_protos(tmp_path):
     shutil.copy(src / "gen-proto.sh", tmp_path / "gen-proto.sh")
     subprocess.run(["bash", str(tmp_path / "gen-proto.sh")], check=True, env={**os.environ, "PYTHON": sys.executable})
     generated = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*_pb2*.py*"))
-    assert len(generated) == 6
+    assert len(generated) == 9
     for rel in generated:
         assert filecmp.cmp(tmp_path / rel, src / rel, shallow=False), f"{rel} drifted: run dp/gen-proto.sh"
