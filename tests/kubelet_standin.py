@@ -6,6 +6,10 @@ ListAndWatch stream open and remember every device list it sends. It can also re
 kubelet (every socket in the folder wiped, kubelet.sock re-created) and drive the plugin-watcher
 registration (<kubelet dir>/plugins_registry/<sock>).
 
+With a PodResourcesStandIn it also does kubelet's pod admission (admit_pod: pick free healthy IDs,
+Allocate on the plugin) and publishes each grant through the real `v1.PodResourcesLister` service
+on <kubelet dir>/pod-resources/kubelet.sock, as kubelet does.
+
 No pytest imports: usable from plain scripts.
 """
 
@@ -27,13 +31,18 @@ try:
     from rdma_netns_dp.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
     from rdma_netns_dp.api.pluginregistration.v1 import api_pb2 as reg_pb2
     from rdma_netns_dp.api.pluginregistration.v1 import api_pb2_grpc as reg_pb2_grpc
+    from rdma_netns_dp.api.podresources.v1 import api_pb2 as pr_pb2
+    from rdma_netns_dp.api.podresources.v1 import api_pb2_grpc as pr_pb2_grpc
 except ImportError:  # source tree, package not installed
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "dp"))
     from rdma_netns_dp.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
     from rdma_netns_dp.api.pluginregistration.v1 import api_pb2 as reg_pb2
     from rdma_netns_dp.api.pluginregistration.v1 import api_pb2_grpc as reg_pb2_grpc
+    from rdma_netns_dp.api.podresources.v1 import api_pb2 as pr_pb2
+    from rdma_netns_dp.api.podresources.v1 import api_pb2_grpc as pr_pb2_grpc
 
 KUBELET_SOCKET = "kubelet.sock"
+POD_RESOURCES_DIR = "pod-resources"  # under the kubelet dir, holding kubelet.sock
 SUPPORTED_VERSIONS = ("v1beta1",)
 RPC_TIMEOUT = 5.0
 
@@ -212,14 +221,152 @@ class _RegistrationService(api_pb2_grpc.RegistrationServicer):
         return self.kubelet._on_register(request, context)
 
 
-class KubeletStandIn:
-    """A kubelet device manager: Registration server on <device_plugins_dir>/kubelet.sock."""
+ContainerGrants = dict[str, dict[str, list[str]]]  # container name -> resource name -> device IDs
 
-    def __init__(self, device_plugins_dir: str | os.PathLike, *, connect: bool = True) -> None:
+
+class _PodResourcesService(pr_pb2_grpc.PodResourcesListerServicer):
+    def __init__(self, owner: PodResourcesStandIn) -> None:
+        self.owner = owner
+
+    def List(self, request, context):  # noqa: N802 (gRPC name)
+        self.owner._record("List", "", "")
+        with self.owner._lock:
+            pods = [self.owner._message(ns, name) for ns, name in sorted(self.owner._pods)]
+        return pr_pb2.ListPodResourcesResponse(pod_resources=pods)
+
+    def Get(self, request, context):  # noqa: N802
+        self.owner._record("Get", request.pod_namespace, request.pod_name)
+        mode = self.owner.get_mode
+        if mode == "unimplemented":  # kubelet < 1.27: no Get method (grpc-go's wording)
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "unknown method Get for service v1.PodResourcesLister")
+        if mode == "disabled":  # kubelet 1.27-1.33, KubeletPodResourcesGet gate off: a plain Go error
+            context.abort(grpc.StatusCode.UNKNOWN, "PodResources API Get method disabled")
+        with self.owner._lock:
+            known = (request.pod_namespace, request.pod_name) in self.owner._pods
+            message = self.owner._message(request.pod_namespace, request.pod_name) if known else None
+        if message is None:
+            context.abort(grpc.StatusCode.UNKNOWN,
+                          f"pod {request.pod_name} in namespace {request.pod_namespace} not found")
+        return pr_pb2.GetPodResourcesResponse(pod_resources=message)
+
+    def GetAllocatableResources(self, request, context):  # noqa: N802
+        self.owner._record("GetAllocatableResources", "", "")
+        source = self.owner.allocatable
+        devices = source() if source is not None else {}
+        return pr_pb2.AllocatableResourcesResponse(devices=[
+            pr_pb2.ContainerDevices(resource_name=resource, device_ids=ids)
+            for resource, ids in sorted(devices.items())])
+
+
+class PodResourcesStandIn:
+    """kubelet's PodResources API (v1.PodResourcesLister) on a unix socket, for the pods a test
+    sets. get_mode imitates kubelet generations: "enabled" (Get answers), "disabled" (1.27-1.33
+    with the gate off: UNKNOWN "...Get method disabled"), "unimplemented" (< 1.27). `delay` makes
+    every RPC sleep first (a slow kubelet). Both can be changed while serving."""
+
+    def __init__(self, socket_path: str | os.PathLike, *, get_mode: str = "enabled",
+                 delay: float = 0.0) -> None:
+        if get_mode not in ("enabled", "disabled", "unimplemented"):
+            raise ValueError(f"get_mode {get_mode!r}")
+        self.socket = Path(socket_path)
+        self.get_mode = get_mode
+        self.delay = delay
+        self.allocatable: Callable[[], dict[str, list[str]]] | None = None
+        self._lock = threading.Lock()
+        self._pods: dict[tuple[str, str], tuple[ContainerGrants, ContainerGrants]] = {}
+        self._calls: list[tuple[str, str, str]] = []
+        self._server: grpc.Server | None = None
+        self._stopping = threading.Event()
+
+    def start(self) -> PodResourcesStandIn:
+        self.socket.parent.mkdir(parents=True, exist_ok=True)
+        self._stopping.clear()
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=64))
+        pr_pb2_grpc.add_PodResourcesListerServicer_to_server(_PodResourcesService(self), server)
+        if server.add_insecure_port(f"unix://{self.socket}") == 0:
+            raise RuntimeError(f"cannot bind {self.socket}")
+        server.start()
+        self._server = server
+        return self
+
+    @property
+    def serving(self) -> bool:
+        return self._server is not None
+
+    def stop(self) -> None:
+        """Stop serving (the pods are kept, like kubelet's checkpoint; the socket file may stay)."""
+        self._stopping.set()  # cut sleeping RPCs short
+        if self._server is not None:
+            self._server.stop(grace=None).wait(5)
+            self._server = None
+
+    def close(self) -> None:
+        self.stop()
+        try:
+            os.unlink(self.socket)
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self) -> PodResourcesStandIn:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def set_pod(self, namespace: str, name: str, containers: ContainerGrants,
+                init_containers: ContainerGrants | None = None) -> None:
+        """Publish (or replace) a pod's grants: container name -> resource name -> device IDs."""
+        copy = lambda grants: {c: {r: list(ids) for r, ids in res.items()} for c, res in grants.items()}  # noqa: E731
+        with self._lock:
+            self._pods[(namespace, name)] = (copy(containers), copy(init_containers or {}))
+
+    def remove_pod(self, namespace: str, name: str) -> None:
+        with self._lock:
+            self._pods.pop((namespace, name), None)
+
+    @property
+    def calls(self) -> list[tuple[str, str, str]]:
+        """(method, namespace, name) per RPC received; List has ("List", "", "")."""
+        with self._lock:
+            return list(self._calls)
+
+    def _record(self, method: str, namespace: str, name: str) -> None:
+        with self._lock:
+            self._calls.append((method, namespace, name))
+        if self.delay > 0:
+            self._stopping.wait(self.delay)
+
+    def _message(self, namespace: str, name: str):
+        """The PodResources message (caller holds the lock). Init containers come first, listed
+        as containers, as newer kubelets list them."""
+        containers, init_containers = self._pods[(namespace, name)]
+        return pr_pb2.PodResources(name=name, namespace=namespace, containers=[
+            pr_pb2.ContainerResources(name=cname, devices=[
+                pr_pb2.ContainerDevices(resource_name=resource, device_ids=ids)
+                for resource, ids in sorted(resources.items())])
+            for cname, resources in [*init_containers.items(), *containers.items()]])
+
+
+class AdmissionError(RuntimeError):
+    """kubelet would refuse the pod (UnexpectedAdmissionError): not enough devices, no plugin,
+    Allocate failed."""
+
+
+class KubeletStandIn:
+    """A kubelet device manager: Registration server on <device_plugins_dir>/kubelet.sock, and
+    with `pod_resources` pod admission published through kubelet's PodResources API."""
+
+    def __init__(self, device_plugins_dir: str | os.PathLike, *, connect: bool = True,
+                 pod_resources: PodResourcesStandIn | None = None) -> None:
         self.dir = Path(device_plugins_dir)
         self.kubelet_dir = self.dir.parent
         self.socket = self.dir / KUBELET_SOCKET
         self.connect = connect  # dial plugins after Register, as kubelet does
+        self.pod_resources = pod_resources
+        if pod_resources is not None and pod_resources.allocatable is None:
+            pod_resources.allocatable = self._allocatable
+        self._admit_lock = threading.Lock()  # kubelet admits pods one at a time
+        self._grants: dict[tuple[str, str], ContainerGrants] = {}  # (ns, name) -> init + app containers
         self.reject_registrations = 0  # answer the next N Register calls with UNAVAILABLE
         self._cond = threading.Condition()
         self._state = _State()
@@ -237,6 +384,8 @@ class KubeletStandIn:
             raise RuntimeError(f"cannot bind {self.socket}")
         server.start()
         self._server = server
+        if self.pod_resources is not None and not self.pod_resources.serving:
+            self.pod_resources.start()
         self.starts += 1
         self.started_at = time.monotonic()
         return self
@@ -246,6 +395,8 @@ class KubeletStandIn:
         if self._server is not None:
             self._server.stop(grace=None).wait(5)
             self._server = None
+        if self.pod_resources is not None:
+            self.pod_resources.stop()
         with self._cond:
             plugins = list(self._state.plugins.values())
             self._state.plugins.clear()
@@ -276,6 +427,8 @@ class KubeletStandIn:
 
     def close(self) -> None:
         self.stop()
+        if self.pod_resources is not None:
+            self.pod_resources.close()
         try:
             os.unlink(self.socket)
         except FileNotFoundError:
@@ -361,6 +514,98 @@ class KubeletStandIn:
                 raise AssertionError(f"no plugin connection for {resource!r} after {timeout:.1f} s; "
                                      f"connect errors: {self._state.connect_errors!r}")
             return self._state.plugins[resource]
+
+    # --- pod admission (kubelet's device manager) + PodResources -----------------------------
+    @property
+    def pod_resources_socket(self) -> Path:
+        """Where a kubelet serves PodResources: <kubelet dir>/pod-resources/kubelet.sock."""
+        return self.kubelet_dir / POD_RESOURCES_DIR / KUBELET_SOCKET
+
+    def admit_pod(self, namespace: str, name: str, requests: dict[str, dict[str, int]],
+                  init_requests: dict[str, dict[str, int]] | None = None) -> ContainerGrants:
+        """kubelet's admission of a pod: for each container (init containers first) and resource,
+        free healthy IDs from the plugin's latest list (its GetPreferredAllocation when offered),
+        Allocate on the plugin, the grant remembered and published through PodResources.
+        An init container's IDs may be reused by the pod's later containers, as kubelet does.
+        Returns container -> resource -> IDs (init containers included); AdmissionError when
+        kubelet would refuse the pod (nothing is kept then)."""
+        init_requests = init_requests or {}
+        with self._admit_lock:
+            if (namespace, name) in self._grants:
+                raise AdmissionError(f"pod {namespace}/{name} is already admitted")
+            in_use = {i for grants in self._grants.values() for res in grants.values()
+                      for ids in res.values() for i in ids}
+            reusable: dict[str, list[str]] = {}
+            granted: ContainerGrants = {}
+            for cname, wants, is_init in [*((c, r, True) for c, r in init_requests.items()),
+                                          *((c, r, False) for c, r in requests.items())]:
+                granted[cname] = {}
+                for resource, count in wants.items():
+                    if count <= 0:
+                        continue
+                    ids = self._pick(resource, count, in_use, reusable.get(resource, []))
+                    try:
+                        self.plugin(resource, timeout=0.5).allocate(ids)
+                    except grpc.RpcError as exc:
+                        raise AdmissionError(f"Allocate of {resource} {ids} for {cname}: "
+                                             f"{exc.code().name}: {exc.details()}") from None
+                    granted[cname][resource] = ids
+                    in_use.update(ids)
+                    if is_init:
+                        reusable[resource] = sorted(set(reusable.get(resource, [])) | set(ids))
+                    else:
+                        reusable[resource] = [i for i in reusable.get(resource, []) if i not in ids]
+            self._grants[(namespace, name)] = granted
+            if self.pod_resources is not None:
+                self.pod_resources.set_pod(namespace, name,
+                                           {c: granted[c] for c in requests},
+                                           {c: granted[c] for c in init_requests})
+            return {c: {r: list(ids) for r, ids in res.items()} for c, res in granted.items()}
+
+    def _pick(self, resource: str, count: int, in_use: set[str], reusable: list[str]) -> list[str]:
+        try:
+            plugin = self.plugin(resource, timeout=0.5)
+        except AssertionError:
+            raise AdmissionError(f"resource {resource} has no registered device plugin") from None
+        latest = plugin.latest
+        healthy = [d.ID for d in (latest.devices if latest else []) if d.health == "Healthy"]
+        must = [i for i in reusable if i in healthy][:count]
+        available = [i for i in healthy if i not in in_use or i in must]
+        if len(available) < count:
+            raise AdmissionError(f"requested {count} of {resource}, available {len(available)}")
+        if plugin.options.get_preferred_allocation_available:
+            try:
+                answer = plugin.preferred(available, must, count).container_responses[0].deviceIDs
+                picked = list(dict.fromkeys(answer))
+                if len(picked) == count and set(picked) <= set(available) and set(must) <= set(picked):
+                    return picked
+            except (grpc.RpcError, IndexError):
+                pass  # kubelet, too, falls back to its own choice
+        rest = [i for i in sorted(available) if i not in must]
+        return must + rest[:count - len(must)]
+
+    def forget_pod(self, namespace: str, name: str) -> None:
+        """The pod was deleted: its IDs are free again and it leaves PodResources."""
+        with self._admit_lock:
+            self._grants.pop((namespace, name), None)
+            if self.pod_resources is not None:
+                self.pod_resources.remove_pod(namespace, name)
+
+    def pod_grants(self, namespace: str, name: str) -> ContainerGrants | None:
+        with self._admit_lock:
+            grants = self._grants.get((namespace, name))
+            return None if grants is None else {c: {r: list(i) for r, i in res.items()}
+                                                for c, res in grants.items()}
+
+    def _allocatable(self) -> dict[str, list[str]]:
+        """Healthy IDs per registered resource (PodResources GetAllocatableResources)."""
+        with self._cond:
+            plugins = dict(self._state.plugins)
+        out = {}
+        for resource, plugin in plugins.items():
+            latest = plugin.latest
+            out[resource] = sorted(d.ID for d in (latest.devices if latest else []) if d.health == "Healthy")
+        return out
 
     # --- plugin-watcher mode --------------------------------------------------------------------
     def connect_via_watcher(self, socket_name: str, timeout: float = RPC_TIMEOUT,

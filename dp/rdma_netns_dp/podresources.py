@@ -1,0 +1,109 @@
+"""The one client of kubelet's PodResources API: which device IDs of a resource a pod was granted.
+
+kubelet allocates devices at pod admission, before RunPodSandbox, so when the CNI's ADD runs the
+grant is already listed here. Used by the device plugin's grants broker (pod_grants.py) and, when
+the broker is absent, imported by the CNI itself: importing this module is cheap (no grpc until
+the first call) and starts nothing.
+
+Kubelet facts (design.md): Get(pod_name, pod_namespace) first. kubelets older than 1.27 answer
+UNIMPLEMENTED; 1.27-1.33 with the KubeletPodResourcesGet gate off answer UNKNOWN "PodResources API
+Get method disabled": both mean List and match namespace + name. A Get for a pod kubelet does not
+know answers UNKNOWN "pod <name> in namespace <ns> not found" (a plain Go error), which is an
+answer (found False), not a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+# kubelet's server allows 16 MiB (podresources.DefaultMaxMsgSize); a busy node's List is large.
+MAX_MESSAGE = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class PodGrant:
+    """kubelet's answer for one pod and resource. device_ids: de-duplicated, sorted."""
+    found: bool
+    device_ids: list[str] = field(default_factory=list)
+    via: str = "Get"  # "Get" | "List": which kubelet method answered
+
+
+class PodResourcesUnavailable(Exception):
+    """kubelet could not say. kind: "unreachable" (no socket, refused), "timeout", "failed"."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+def pod_device_ids(socket_path: str, namespace: str, name: str, resource: str,
+                   timeout: float) -> PodGrant:
+    """The device IDs of `resource` granted to pod namespace/name, from every container (init
+    containers too); `timeout` (seconds) bounds the whole exchange, List fallback included."""
+    if timeout <= 0:
+        raise ValueError(f"timeout must be positive, got {timeout!r}")
+    deadline = time.monotonic() + timeout
+    path = os.path.abspath(socket_path)
+    if not os.path.exists(path):  # the cheap, common case of "no kubelet here": no grpc import
+        raise PodResourcesUnavailable("unreachable", f"no kubelet PodResources socket at {path}")
+
+    import grpc
+
+    from rdma_netns_dp.api.podresources.v1 import api_pb2, api_pb2_grpc
+
+    channel = grpc.insecure_channel(f"unix://{path}", options=[
+        ("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.enable_retries", 0)])
+    try:
+        stub = api_pb2_grpc.PodResourcesListerStub(channel)
+        try:
+            answer = stub.Get(api_pb2.GetPodResourcesRequest(pod_name=name, pod_namespace=namespace),
+                              timeout=_remaining(deadline))
+            return PodGrant(True, _device_ids([answer.pod_resources], resource), "Get")
+        except grpc.RpcError as exc:
+            code, details = exc.code(), exc.details() or ""
+            if code == grpc.StatusCode.NOT_FOUND or (
+                    code == grpc.StatusCode.UNKNOWN and "not found" in details):
+                return PodGrant(False, [], "Get")
+            if not (code == grpc.StatusCode.UNIMPLEMENTED or (
+                    code == grpc.StatusCode.UNKNOWN and "disabled" in details)):
+                raise _unavailable(exc, path, "Get") from None
+        try:
+            listing = stub.List(api_pb2.ListPodResourcesRequest(), timeout=_remaining(deadline))
+        except grpc.RpcError as exc:
+            raise _unavailable(exc, path, "List") from None
+        pods = [p for p in listing.pod_resources if p.namespace == namespace and p.name == name]
+        # Without a UID in the API, two entries of one name (a pod being replaced) are merged.
+        return PodGrant(bool(pods), _device_ids(pods, resource), "List")
+    finally:
+        channel.close()
+
+
+def _remaining(deadline: float) -> float:
+    """Seconds left; a tiny positive value once spent, so gRPC reports DEADLINE_EXCEEDED."""
+    return max(0.001, deadline - time.monotonic())
+
+
+def _device_ids(pods, resource: str) -> list[str]:
+    ids: set[str] = set()
+    for pod in pods:
+        for container in pod.containers:
+            for devices in container.devices:
+                if devices.resource_name == resource:
+                    ids.update(devices.device_ids)
+    return sorted(ids)
+
+
+def _unavailable(exc, path: str, method: str) -> PodResourcesUnavailable:
+    import grpc
+
+    code = exc.code()
+    details = exc.details() or ""
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return PodResourcesUnavailable("timeout", f"kubelet PodResources {method} at {path}: no answer in time")
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return PodResourcesUnavailable("unreachable", f"kubelet PodResources at {path}: {details}")
+    return PodResourcesUnavailable("failed", f"kubelet PodResources {method} at {path}: {code.name}: {details}")
