@@ -81,6 +81,53 @@ def _install_launcher(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cni_conf(args: argparse.Namespace) -> int:
+    """Chain our entry into the node's primary CNI config (istio-cni / linkerd-cni convention)."""
+    from pathlib import Path
+
+    from rdma_netns.admin import cni_conf
+
+    conf_dir, state = Path(args.conf_dir), cni_conf.State(Path(args.state_dir))
+    try:
+        entry = cni_conf.load_entry(Path(args.entry)) if args.entry else None
+        if args.action in ("insert", "watch") and entry is None:
+            print(f"cni-conf {args.action}: --entry FILE is required", file=sys.stderr)
+            return 2
+        if args.action == "insert":
+            result = cni_conf.insert(conf_dir, entry, state)
+            if result == "no-primary":
+                cni_conf.check_entry(entry)
+                cni_conf.log(f"no primary CNI config in {conf_dir} yet: nothing to do "
+                             "(`rdma-netns cni-conf watch` waits for one)")
+            elif result == "unchanged":
+                cni_conf.log(f"the {cni_conf.PLUGIN_TYPE} entry is already in {cni_conf.find_primary(conf_dir)}")
+            return 0
+        if args.action == "remove":
+            result = cni_conf.remove(conf_dir, state)
+            if result in ("absent", "no-primary"):
+                cni_conf.log(f"no {cni_conf.PLUGIN_TYPE} entry to remove in {conf_dir}")
+            return 0
+        if args.action == "watch":
+            return cni_conf.watch(conf_dir, entry, state, args.interval, args.keep_on_exit)
+        info = cni_conf.show(conf_dir, state)
+        if args.json:
+            print(json.dumps(info, indent=2))
+        else:
+            print(f"primary: {info['primary'] or '-'}")
+            print(f"entry: {'present' if info['entry'] else 'absent'}"
+                  + ("" if info["valid"] is not False else " (the primary is not valid JSON)"))
+            print(f"tracked: {'yes' if info['tracked'] else 'no'}")
+            if info["runtimeUses"] != info["primary"]:
+                print(f"note: the runtime uses {info['runtimeUses']} (it sorts first)")
+        return 0
+    except cni_conf.CniConfError as exc:
+        cni_conf.log(str(exc))
+        return 1
+    except OSError as exc:
+        cni_conf.log(f"{exc}")
+        return 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rdma-netns",
@@ -107,6 +154,19 @@ def build_parser() -> argparse.ArgumentParser:
                        "/opt/cni/bin/rdma-netns (isolated, fast-starting Python)")
     p.add_argument("dest")
     p.set_defaults(func=_install_launcher)
+    p = sub.add_parser("cni-conf", help="chain the rdma-netns entry into the node's primary CNI config "
+                       "(the first file of the conf dir): insert, remove, watch (re-insert when the primary "
+                       "CNI rewrites it; remove on SIGTERM), show")
+    p.add_argument("action", choices=["insert", "remove", "watch", "show"])
+    p.add_argument("--conf-dir", default="/etc/cni/net.d", help="CNI config folder (default %(default)s)")
+    p.add_argument("--entry", help="JSON file with the plugin entry, {\"type\": \"rdma-netns\", ...}")
+    p.add_argument("--state-dir", default="/var/lib/rdma-netns/cni-conf",
+                   help="where the primary's original bytes are kept for a byte-for-byte removal "
+                        "(default %(default)s)")
+    p.add_argument("--interval", type=float, default=1.0, help="watch: seconds between looks (default 1)")
+    p.add_argument("--keep-on-exit", action="store_true", help="watch: leave the entry in place on SIGTERM")
+    p.add_argument("--json", action="store_true", help="show: print JSON")
+    p.set_defaults(func=_cni_conf)
     return parser
 
 
@@ -115,4 +175,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "mode" and (args.action == "set") != (args.value is not None):
         parser.error("use `mode` to show it, or `mode set shared|exclusive`")
+    if args.command == "cni-conf" and not 0 < args.interval <= 3600:
+        parser.error("--interval must be more than 0 and at most 3600 seconds")
     return args.func(args)
