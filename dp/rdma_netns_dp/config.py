@@ -85,6 +85,8 @@ class DevicePluginConfig(_Strict):
     healthIntervalSeconds: float = Field(1.0, gt=0, le=60)
     registration: Literal["kubelet", "watcher"] = "kubelet"
     healthFile: str | None = "/run/rdma-netns-dp/health.json"
+    # The grants broker's socket (pod_grants.py), which the CNI asks instead of kubelet; "" = off.
+    podGrantsSocket: str = "/run/rdma-netns-dp/pod-grants.sock"
     ensureKernelMode: bool = False
     cdi: CdiConfig = Field(default_factory=CdiConfig)
     resources: list[ResourceConfig] = Field(default_factory=lambda: [ResourceConfig()])
@@ -94,6 +96,17 @@ class DevicePluginConfig(_Strict):
     def _absolute(cls, value: str | None) -> str | None:
         """Relative paths would mean something else to gRPC ("unix:rel") and to kubelet."""
         return os.path.abspath(value) if value else value
+
+    @field_validator("podGrantsSocket")
+    @classmethod
+    def _socket_path(cls, value: str) -> str:
+        """The CNI finds the broker by this exact path: a relative one would be nobody's."""
+        if value and not os.path.isabs(value):
+            raise ValueError(f"{value!r} must be an absolute path (or \"\" to turn the broker off)")
+        if len(value.encode()) > MAX_SOCKET_PATH:
+            raise ValueError(f"socket path {value} is {len(value.encode())} bytes; unix sockets allow "
+                             f"{MAX_SOCKET_PATH}")
+        return os.path.normpath(value) if value else value
 
     @model_validator(mode="after")
     def _distinct_resources(self) -> DevicePluginConfig:

@@ -14,6 +14,7 @@ from rdma_netns_dp.cni_state import devices_in_pods
 from rdma_netns_dp.config import DevicePluginConfig
 from rdma_netns_dp.discovery import Sysfs
 from rdma_netns_dp.inventory import Pool
+from rdma_netns_dp.pod_grants import PodGrantsServer
 from rdma_netns_dp.resource_plugin import ResourcePlugin
 
 log = logging.getLogger("rdma_netns_dp.daemon")
@@ -29,6 +30,7 @@ class Daemon:
         self.plugins = [ResourcePlugin(pool, self.sysfs, config.kubeletDir, config.devRoot,
                                        config.cdi.enabled, config.registration) for pool in self.pools]
         self._last_blocked: str | None = None
+        self.pod_grants: PodGrantsServer | None = None
 
     def poll(self) -> None:
         """One discovery pass; cheap (a few sysfs reads per device)."""
@@ -63,6 +65,7 @@ class Daemon:
             return
         status = {"time": time.time(), "pid": os.getpid(), "mode": self.mode,
                   "blocked": self._last_blocked,
+                  "podGrantsSocket": self.pod_grants.socket_path if self.pod_grants else None,
                   "resources": {p.pool.resource.name: {"registered": p.registered,
                                                        "devices": len(p.pool.units),
                                                        "healthy": p.pool.healthy_count()}
@@ -82,6 +85,7 @@ class Daemon:
             kernel_mode.ensure(self.mode, self.sysfs)
         interval = self.config.healthIntervalSeconds
         try:
+            self.start_pod_grants()
             while not self.stop_event.is_set():
                 started = time.monotonic()
                 self.poll()
@@ -97,8 +101,22 @@ class Daemon:
             self.shutdown()
         return 0
 
+    def start_pod_grants(self) -> None:
+        """Serve the grants broker. Without it the CNI asks kubelet itself (slower), so a failure
+        here is logged and the device plugin keeps serving."""
+        if not self.config.podGrantsSocket:
+            return
+        try:
+            self.pod_grants = PodGrantsServer(self.config.podGrantsSocket).start()
+        except OSError as exc:
+            log.error("cannot serve the pod grants broker; the CNI will ask kubelet directly",
+                      extra={"socket": self.config.podGrantsSocket, "error": str(exc)})
+
     def shutdown(self) -> None:
         log.info("stopping: removing sockets")
+        if self.pod_grants is not None:
+            self.pod_grants.stop()
+            self.pod_grants = None
         for plugin in self.plugins:
             plugin.stop()
         if self.config.healthFile:
