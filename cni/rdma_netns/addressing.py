@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from _socket import AF_INET, AF_INET6
 
-from rdma_netns.kernel import rtnl, sysctl
+from rdma_netns.kernel import neigh_announce, rtnl, sysctl
 from rdma_netns.kernel.inet import Prefix
 from rdma_netns.kernel.netlink import NetlinkSocket, is_missing
 from rdma_netns.spec.errors import CHECK_FAILED, IPAM_FAILED, CniError
@@ -63,6 +63,8 @@ def configure(sock: NetlinkSocket, link: rtnl.Link, plan: RailAddressing, table:
 
     IPv6 addresses are added with IFA_F_NODAD: IPAM hands out unique addresses, so DAD would
     only delay ADD by about 1.5 s (the Go plugins' cost). The RoCE GID appears at once either way.
+    With NODAD the kernel announces nothing, so the end sends one unsolicited NA (IPv6) or
+    gratuitous ARP (IPv4) per address: peers holding a stale entry for a reused address update it.
     """
     prepare_sysctls(link.name, any(a.version == 6 for a, _ in plan.addresses))
     rtnl.set_link_up(sock, link.index)
@@ -74,6 +76,7 @@ def configure(sock: NetlinkSocket, link: rtnl.Link, plan: RailAddressing, table:
         rtnl.add_route(sock, dst=dst, index=link.index, gateway=gw, table=table)
     for address, _gw in plan.addresses:
         rtnl.add_source_rule(sock, address, table, priority)
+    neigh_announce.announce(sock, link, [address for address, _gw in plan.addresses])
 
 
 def remove_rules(sock: NetlinkSocket, addresses: list[Prefix], table: int, priority: int) -> None:
