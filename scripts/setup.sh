@@ -13,7 +13,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 missing=()
-for pkg in containernetworking-plugins iproute2 iputils-ping podman conmon crun runc busybox-static strace time; do
+for pkg in containernetworking-plugins iproute2 iputils-ping podman conmon crun runc busybox-static containerd strace time; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
