@@ -354,6 +354,8 @@ def _insert(conf_dir: Path, entry: dict, state: State) -> str:
         if record.get("hasOriginal"):
             base_bytes = record["originalBytes"]
             base, original = parse(base_bytes, primary), base_bytes
+            if record.get("originalFile", primary) != primary:  # we made this conflist of a .conf
+                base = as_conflist(base)
             style = Style.of(base_bytes.decode(errors="replace"))
         else:
             base, original = doc, None
@@ -492,7 +494,9 @@ def watch(conf_dir: Path, entry: dict, state: State, interval: float, keep_on_ex
                 if result == "no-primary" and not waiting_logged:
                     log(f"no primary CNI config in {conf_dir} yet: waiting for one")
                 waiting_logged = result == "no-primary"
-                now = fingerprint(conf_dir)
+                # `last` stays what was seen before acting: after our own write the next look runs
+                # insert once more ("unchanged", silent), and a rewrite by the primary CNI that lands
+                # right after ours is never mistaken for our own.
             except CniConfError as exc:
                 log(str(exc))
             except OSError as exc:
