@@ -3,4 +3,4 @@
 Kept import-free: the CNI entry point must start fast (see entry.py).
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -4,4 +4,4 @@ Hand-written modules live here; the protobuf/gRPC code generated from kubelet's 
 apart in `api/` (regenerate with dp/gen-proto.sh, never edit).
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

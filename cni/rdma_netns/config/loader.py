@@ -9,7 +9,7 @@ once, stores the normalised result under the state folder keyed by the SHA-256 o
 
 from __future__ import annotations
 
-from rdma_netns import fsutil, jsonio
+from rdma_netns import __version__, fsutil, jsonio
 from rdma_netns.kernel.inet import Prefix
 from rdma_netns.spec import versions
 from rdma_netns.spec.errors import DECODE_FAILURE, INVALID_CONFIG, INVALID_ENV, CniError
@@ -17,6 +17,8 @@ from rdma_netns.spec.errors import DECODE_FAILURE, INVALID_CONFIG, INVALID_ENV, 
 # Keys a runtime adds per invocation: they are not part of the network's identity.
 RUNTIME_KEYS = ("args", "runtimeConfig", "prevResult", "cni.dev/valid-attachments", "cni.dev/attachments")
 DEFAULT_STATE_DIR = "/var/lib/cni/rdma-netns"
+DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+DEFAULT_POD_GRANTS_SOCKET = "/run/rdma-netns-dp/pod-grants.sock"
 CACHE_FOLDER = "verified-configs"
 HEX = "0123456789abcdefABCDEF"
 
@@ -87,7 +89,9 @@ def load(raw: dict) -> Config:
 
 def _validated_network(raw: dict) -> dict:
     identity = {k: v for k, v in raw.items() if k not in RUNTIME_KEYS}
-    digest = sha256(_canonical(identity).encode()).hexdigest()
+    # The version is part of the key: an upgrade that adds keys or changes defaults must not be
+    # served a config normalised by the previous version.
+    digest = sha256(f"{__version__}\n{_canonical(identity)}".encode()).hexdigest()
     state_dir = raw.get("stateDir", DEFAULT_STATE_DIR)
     cache_dir = f"{state_dir}/{CACHE_FOLDER}" if isinstance(state_dir, str) and state_dir.startswith("/") else None
     if cache_dir:
