@@ -51,11 +51,14 @@ def run_cni(environ: dict[str, str] | None = None, stdin: bytes | None = None) -
             error_version = raw["cniVersion"]
         cfg = loader.load(raw)
         loader.apply_cni_args(cfg, env.args)
+        if env.command == "ADD":
+            from rdma_netns import pairing
+
+            _emit(pairing.add(env, cfg))
+            return 0
         from rdma_netns import plugin
 
-        if env.command == "ADD":
-            _emit(versions.format_result(plugin.cmd_add(env, cfg), cfg.cni_version))
-        elif env.command == "DEL":
+        if env.command == "DEL":
             plugin.cmd_del(env, cfg)
         elif env.command == "CHECK":
             plugin.cmd_check(env, cfg)

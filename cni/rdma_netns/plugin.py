@@ -15,6 +15,7 @@ from rdma_netns import addressing, faults, ipam, modes, rails
 from rdma_netns.config import loader
 from rdma_netns.kernel import netns, rdma_sysfs, rtnl
 from rdma_netns.kernel.netlink import NetlinkError, NetlinkSocket
+from rdma_netns.grants_client import Grant
 from rdma_netns.modes import exclusive
 from rdma_netns.spec import versions
 from rdma_netns.spec.env import CniEnv
@@ -27,6 +28,7 @@ from rdma_netns.spec.errors import (
     KERNEL_REJECTED,
     NO_RDMA,
     NOT_AVAILABLE,
+    NOT_GRANTED,
     RAIL_UNAVAILABLE,
     UNKNOWN_CONTAINER,
     CniError,
@@ -104,13 +106,24 @@ def _host_parent(sock: NetlinkSocket, rail: rails.Rail, mode: modes.Mode) -> rtn
 # ---------------------------------------------------------------- ADD
 
 
-def cmd_add(env: CniEnv, cfg: loader.Config) -> dict:
+def rdma_device_only(net: dict, mode_name: str, chained: bool) -> bool:
+    """Exclusive mode chained after a plugin that moved the netdev (host-device, sriov): such a
+    network has no IPAM of its own (it configures no address) and moves only the RDMA device.
+    Chained with IPAM (after the cluster's CNI), it moves whole NICs like a network of its own."""
+    return (mode_name == "exclusive" and chained and not net["ipam"]
+            and not any(e.get("ipam") for e in net["rails"] or []))
+
+
+def cmd_add(env: CniEnv, cfg: loader.Config, grant: Grant | None = None) -> dict:
+    """grant: kubelet's answer for the pod when pairing is on (the pod holds at least one unit)."""
     net = cfg.net
     mode = modes.select(net)
     chained = cfg.prev_result is not None
+    granted_ids = grant.device_ids if grant is not None and mode.name == "exclusive" else None
     store = StateStore(net["stateDir"], net["name"])
     store.prepare()
     with store.locked(env.container_id, env.ifname, net["lockTimeoutSeconds"]):
+        store.clear_released(env.container_id, env.ifname)
         previous = store.load(env.container_id, env.ifname)
         if previous is not None:
             if previous.get("phase") == "ready":
@@ -121,9 +134,9 @@ def cmd_add(env: CniEnv, cfg: loader.Config) -> dict:
             store.delete(env.container_id, env.ifname)
         pod_fd = _open_pod_netns(env.netns)
         try:
-            if mode.name == "exclusive" and chained:
-                return _add_rdma_device_only(env, cfg, store, pod_fd)
-            plan = rails.plan(net, env.ifname, cfg.runtime.device_id, chained)
+            if rdma_device_only(net, mode.name, chained):
+                return _add_rdma_device_only(env, cfg, store, pod_fd, granted_ids)
+            plan = rails.plan(net, env.ifname, cfg.runtime.device_id, chained, granted_ids)
             if (cfg.runtime.mac or cfg.runtime.ips) and len(plan) != 1:
                 raise CniError(INVALID_CONFIG, "runtimeConfig mac/ips need a single-rail attachment")
             for rail in plan:  # every IPAM plugin must be there before anything changes
@@ -151,14 +164,15 @@ def cmd_add(env: CniEnv, cfg: loader.Config) -> dict:
             os.close(pod_fd)
 
 
-def _add_rdma_device_only(env: CniEnv, cfg: loader.Config, store: StateStore, pod_fd: int) -> dict:
+def _add_rdma_device_only(env: CniEnv, cfg: loader.Config, store: StateStore, pod_fd: int,
+                          granted_ids: list[str] | None) -> dict:
     """Exclusive mode chained after a plugin that already moved the netdev (sriov, host-device):
     move only the RDMA device into the pod and pass the previous result on."""
     prev = versions.format_result(cfg.prev_result, versions.LATEST)
     if not any(i.get("name") == env.ifname and i.get("sandbox") for i in prev.get("interfaces", [])):
         raise CniError(INVALID_CONFIG, f"chained exclusive mode needs the previous plugin's pod interface "
                        f"{env.ifname} in prevResult")
-    device = _rdma_device_for_chained(cfg)
+    device = _rdma_device_for_chained(cfg, granted_ids)
     state = {"format": STATE_FORMAT, "phase": "adding", "mode": "exclusive", "link": "rdma-device",
              "containerID": env.container_id, "ifname": env.ifname, "netns": env.netns, "network": cfg.net["name"],
              "rails": [{"ifname": env.ifname, "rdmaDevice": device, "rdmaOnly": True, "ipam": None}]}
@@ -189,10 +203,20 @@ def _save_ready(store: StateStore, env: CniEnv, state: dict, result: dict) -> No
         raise
 
 
-def _rdma_device_for_chained(cfg: loader.Config) -> str:
-    """Chained, the netdev is already in the pod: the RDMA device comes from deviceID or the config."""
+def _rdma_device_for_chained(cfg: loader.Config, granted_ids: list[str] | None) -> str:
+    """Chained, the netdev is already in the pod: the RDMA device comes from deviceID, the pod's
+    one granted unit, or the config."""
     entries = cfg.net["rails"] or []
-    candidates = [cfg.runtime.device_id] if cfg.runtime.device_id else \
+    device_id = cfg.runtime.device_id
+    if granted_ids is not None:
+        if device_id and device_id not in granted_ids:
+            raise CniError(NOT_GRANTED, f"runtimeConfig.deviceID {device_id} is not among the pod's "
+                           f"{cfg.net['resourceName']} units ({', '.join(granted_ids)})")
+        if not device_id and len(granted_ids) != 1:
+            raise CniError(NOT_GRANTED, f"the pod holds {len(granted_ids)} {cfg.net['resourceName']} units; "
+                           "a chained RDMA-device-only attachment moves one: pass runtimeConfig.deviceID")
+        device_id = device_id or granted_ids[0]
+    candidates = [device_id] if device_id else \
         [e.get("rdmaDevice") or e.get("pciAddress") for e in entries[:1]]
     for candidate in filter(None, candidates):
         device = rdma_sysfs.device_by_id(candidate)
@@ -408,11 +432,15 @@ def cmd_del(env: CniEnv, cfg: loader.Config) -> None:
     with store.locked(env.container_id, env.ifname, net["lockTimeoutSeconds"]):
         state = store.load(env.container_id, env.ifname)
         if state is None:
+            if store.is_released(env.container_id, env.ifname):
+                return  # a repeated DEL (containerd sends two or three): everything is released
             for err in _teardown(_state_from_config(env, cfg), env, cfg):
                 log(f"DEL without state, ignored: {err}")
-            return
-        _teardown_or_raise(state, env, cfg)
-        store.delete(env.container_id, env.ifname)
+        else:
+            _teardown_or_raise(state, env, cfg)
+        store.mark_released(env.container_id, env.ifname)
+        if state is not None:
+            store.delete(env.container_id, env.ifname)
 
 
 def _state_from_config(env: CniEnv, cfg: loader.Config) -> dict:
@@ -422,13 +450,11 @@ def _state_from_config(env: CniEnv, cfg: loader.Config) -> dict:
         entries = rails.configured_rails(net)
     except CniError:
         entries = []
-    chained = cfg.prev_result is not None
+    names = rails.pod_ifnames(entries, env.ifname, cfg.prev_result is not None)
     return {
         "netns": env.netns, "network": net["name"], "containerID": env.container_id, "link": net["link"],
         "mode": "exclusive" if net["mode"] == "exclusive" else "shared",
-        "rails": [{"ifname": rails.default_ifname(e, i, len(entries), env.ifname, chained),
-                   "ipam": e.get("ipam") or net["ipam"]}
-                  for i, e in enumerate(entries)],
+        "rails": [{"ifname": name, "ipam": e.get("ipam") or net["ipam"]} for name, e in zip(names, entries)],
     }
 
 
@@ -443,6 +469,9 @@ def cmd_check(env: CniEnv, cfg: loader.Config) -> None:
     store.prepare()
     with store.locked(env.container_id, env.ifname, net["lockTimeoutSeconds"]):
         state = store.load(env.container_id, env.ifname)
+    if state is None and cfg.prev_result is not None and net.get("resourceName") \
+            and store.is_released(env.container_id, env.ifname):
+        return  # a pod not granted the resource: this network attached nothing, so nothing changed
     if state is None or state.get("phase") != "ready":
         raise CniError(UNKNOWN_CONTAINER, f"no attachment {env.container_id}/{env.ifname} in network {net['name']}")
     mode = modes.for_state(state, net)
@@ -555,6 +584,9 @@ def cmd_gc(env: CniEnv, cfg: loader.Config) -> None:
                 log(f"GC of {container_id}/{ifname} incomplete: {'; '.join(errors)}")
             else:
                 store.delete(container_id, ifname)
+    for container_id, ifname in store.released():
+        if (container_id, ifname) not in cfg.valid_attachments:
+            store.clear_released(container_id, ifname)
     _gc_ipam(env, cfg, store)
 
 

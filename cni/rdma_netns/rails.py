@@ -2,13 +2,14 @@
 
 A rail names its NIC by netdev, rdmaDevice or pciAddress; with no rails configured every
 RDMA-capable netdev on the node is a rail. runtimeConfig.deviceID (a PCI address or an
-auxiliary device name, as device plugins hand them out) narrows the attachment to that NIC.
+auxiliary device name, as device plugins hand them out) narrows the attachment to that NIC, and
+so do kubelet's grants in exclusive mode with pairing (pairing.py).
 """
 
 from __future__ import annotations
 
 from rdma_netns.kernel import rdma_sysfs
-from rdma_netns.spec.errors import INVALID_CONFIG, NO_RDMA, RAIL_UNAVAILABLE, CniError
+from rdma_netns.spec.errors import INVALID_CONFIG, NO_RDMA, NOT_GRANTED, RAIL_UNAVAILABLE, CniError
 
 
 class Rail:
@@ -36,13 +37,17 @@ def configured_rails(net: dict) -> list[dict]:
     return [dict(r, ifname=None, ipam=None, mtu=None, rdmaDevice=None, pciAddress=None) for r in found]
 
 
-def default_ifname(entry: dict, index: int, count: int, cni_ifname: str, chained: bool) -> str:
-    """A rail's pod-side name: its own ifname, else CNI_IFNAME for a lone rail, else rdma<N>."""
-    if entry.get("ifname"):
-        return entry["ifname"]
-    if count == 1 and not chained:
-        return cni_ifname
-    return f"rdma{index}"
+def pod_ifnames(entries: list[dict], cni_ifname: str, chained: bool) -> list[str]:
+    """The rails' pod-side names: a rail's own ifname, else rdma<N>.
+
+    As the pod's only network (not chained), rail 0 is named CNI_IFNAME unless a rail already is:
+    a CRI runtime (containerd, CRI-O) takes the pod IP only from the interface of that name and
+    fails the sandbox without one.
+    """
+    names = [e.get("ifname") or f"rdma{i}" for i, e in enumerate(entries)]
+    if names and not chained and cni_ifname not in names:
+        names[0] = cni_ifname
+    return names
 
 
 def netdev_of(entry: dict) -> str:
@@ -60,30 +65,49 @@ def netdev_of(entry: dict) -> str:
     return found[0]
 
 
-def _by_device_id(entries: list[dict], device_id: str) -> list[dict]:
-    """Narrow the rails to the one NIC the runtime's deviceID names."""
-    netdevs = rdma_sysfs.netdevs_of_pci(device_id) or rdma_sysfs.netdevs_of_device(device_id)
-    if not netdevs:
-        raise CniError(RAIL_UNAVAILABLE, f"runtimeConfig.deviceID {device_id} has no netdev on this node")
-    for entry in entries:
-        if (entry.get("pciAddress") == device_id or entry.get("rdmaDevice") == device_id
-                or entry.get("netdev") in netdevs):
-            return [entry]
-    # Never a NIC outside the configured rails, even with one rail: deviceID comes from the pod's
-    # side (Multus, the runtime) and must not be able to take any interface of the node.
-    raise CniError(INVALID_CONFIG, f"runtimeConfig.deviceID {device_id} is not one of the configured rails")
+def _resolved_netdev(entry: dict) -> str | None:
+    try:
+        return netdev_of(entry)
+    except CniError:
+        return None
 
 
-def plan(net: dict, cni_ifname: str, device_id: str | None, chained: bool) -> list[Rail]:
-    """Resolve the attachment's rails; every name and NIC is checked before anything changes."""
+def narrow(entries: list[dict], device_ids: list[str], what: str, absent_code: int, foreign_code: int) -> list[dict]:
+    """The rails whose NIC one of `device_ids` names (PCI address, auxiliary or RDMA device name),
+    in config order. Never a NIC outside the configured rails: device IDs come from the pod's side
+    (Multus, the runtime) or kubelet's grants and must not be able to take any interface of the node."""
+    chosen: set[int] = set()
+    for device_id in device_ids:
+        netdevs = rdma_sysfs.netdevs_of_pci(device_id) or rdma_sysfs.netdevs_of_device(device_id)
+        hits = [i for i, e in enumerate(entries)
+                if device_id in (e.get("pciAddress"), e.get("rdmaDevice"))
+                or (netdevs and _resolved_netdev(e) in netdevs)]
+        if not hits:
+            if not netdevs:
+                raise CniError(absent_code, f"{what} {device_id} has no netdev on this node")
+            raise CniError(foreign_code, f"{what} {device_id} is not one of the configured rails")
+        chosen.update(hits)
+    return [e for i, e in enumerate(entries) if i in chosen]
+
+
+def plan(net: dict, cni_ifname: str, device_id: str | None, chained: bool,
+         granted_ids: list[str] | None = None) -> list[Rail]:
+    """Resolve the attachment's rails; every name and NIC is checked before anything changes.
+
+    granted_ids (exclusive mode with pairing): kubelet's unit IDs for the pod, one NIC each.
+    """
     entries = configured_rails(net)
+    if granted_ids is not None:
+        entries = narrow(entries, granted_ids, f"{net['resourceName']} unit granted to the pod",
+                         NOT_GRANTED, NOT_GRANTED)
     if device_id:
-        entries = _by_device_id(entries, device_id)
+        entries = narrow(entries, [device_id], "runtimeConfig.deviceID", RAIL_UNAVAILABLE, INVALID_CONFIG)
     rdma_present = rdma_sysfs.subsystem_present()
     if net["requireRdma"] and not rdma_present:
         raise CniError(NO_RDMA, "this kernel has no RDMA subsystem (ib_core is not loaded)",
                        "set \"requireRdma\": false to run on plain netdevs (tests, demos)")
     rails: list[Rail] = []
+    names = pod_ifnames(entries, cni_ifname, chained)
     for index, entry in enumerate(entries):
         if not (entry.get("ipam") or net["ipam"]):
             raise CniError(INVALID_CONFIG, f"rail {index} has no ipam (its own, or the top-level default); only "
@@ -92,7 +116,7 @@ def plan(net: dict, cni_ifname: str, device_id: str | None, chained: bool) -> li
         port = rdma_sysfs.device_of_netdev(netdev) if rdma_present else None
         if net["requireRdma"] and port is None:
             raise CniError(NO_RDMA, f"rail netdev {netdev} belongs to no RDMA device")
-        rails.append(Rail(index=index, ifname=default_ifname(entry, index, len(entries), cni_ifname, chained),
+        rails.append(Rail(index=index, ifname=names[index],
                           netdev=netdev, ipam=entry.get("ipam") or net["ipam"], mtu=entry.get("mtu") or net["mtu"],
                           rdma=port))
     for attr, what in (("ifname", "interface name"), ("netdev", "netdev")):

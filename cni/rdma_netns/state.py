@@ -4,6 +4,14 @@ Layout: <stateDir>/<network>/<containerID>:<ifname>.json (0600 in 0700 folders) 
 <stateDir>/locks/<n> for a fixed set of lock stripes. ':' cannot occur in a container ID or an
 ifname, so the file name maps back to its attachment. Striped locks never need deleting, so
 there is no unlink-while-locked race and nothing leaks, and unrelated pods rarely share a stripe.
+
+<stateDir>/<network>/released/<containerID>:<ifname> (empty files) say "this attachment holds
+nothing": written by DEL after a complete teardown and by an ADD that attached nothing (a pod not
+granted the paired resource). Runtimes repeat DEL two or three times per pod (containerd: on
+StopPodSandbox, then on RemovePodSandbox without netns or prevResult); with the marker a repeat
+returns at once instead of running every rail's IPAM DEL again. Markers expire after
+RELEASED_TTL seconds (runtimes that never send GC would otherwise grow the folder for ever); a
+DEL that comes later still succeeds, by releasing what the config says ADD would have taken.
 """
 
 from __future__ import annotations
@@ -18,6 +26,9 @@ from rdma_netns import fsutil
 from rdma_netns.spec.errors import IO_FAILURE, TRY_AGAIN_LATER, CniError
 
 LOCK_STRIPES = 256
+RELEASED = "released"
+RELEASED_TTL = 3600.0
+SWEEP_INTERVAL = 60.0
 
 
 class StateStore:
@@ -51,6 +62,67 @@ class StateStore:
             fsutil.remove(self._path(container_id, ifname))
         except OSError as exc:
             raise CniError(IO_FAILURE, f"cannot remove state in {self.folder}: {exc}") from None
+
+    # ---- "holds nothing" markers
+
+    def _released_path(self, container_id: str, ifname: str) -> str:
+        return f"{self.folder}/{RELEASED}/{container_id}:{ifname}"
+
+    def is_released(self, container_id: str, ifname: str) -> bool:
+        try:
+            return time.time() - os.lstat(self._released_path(container_id, ifname)).st_mtime < RELEASED_TTL
+        except OSError:
+            return False
+
+    def mark_released(self, container_id: str, ifname: str) -> None:
+        """Best effort: without the marker a repeated DEL is slower, never wrong."""
+        folder = f"{self.folder}/{RELEASED}"
+        try:
+            fsutil.ensure_private_dir(folder)
+            fd = os.open(self._released_path(container_id, ifname),
+                         os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            os.utime(fd)
+            os.close(fd)
+            self._expire_released(folder)
+        except OSError:
+            pass
+
+    def clear_released(self, container_id: str, ifname: str) -> None:
+        try:
+            os.unlink(self._released_path(container_id, ifname))
+        except OSError:
+            pass
+
+    def released(self) -> list[tuple[str, str]]:
+        """Every (containerID, ifname) with a marker."""
+        try:
+            names = os.listdir(f"{self.folder}/{RELEASED}")
+        except OSError:
+            return []
+        out = []
+        for name in names:
+            container_id, sep, ifname = name.partition(":")
+            if sep:
+                out.append((container_id, ifname))
+        return sorted(out)
+
+    def _expire_released(self, folder: str) -> None:
+        """At most once a minute (one stat otherwise), drop markers older than RELEASED_TTL."""
+        stamp = f"{folder}/.swept"
+        now = time.time()
+        try:
+            if now - os.lstat(stamp).st_mtime < SWEEP_INTERVAL:
+                return
+        except FileNotFoundError:
+            pass
+        os.close(os.open(stamp, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+        os.utime(stamp)
+        for entry in os.scandir(folder):
+            try:
+                if ":" in entry.name and now - entry.stat(follow_symlinks=False).st_mtime >= RELEASED_TTL:
+                    os.unlink(entry.path)
+            except OSError:
+                pass
 
     def attachments(self) -> list[tuple[str, str]]:
         """Every (containerID, ifname) with a state file."""

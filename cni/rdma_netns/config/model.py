@@ -11,13 +11,22 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from rdma_netns.config.loader import DEFAULT_STATE_DIR, RUNTIME_KEYS
+from rdma_netns.config.loader import (
+    DEFAULT_POD_GRANTS_SOCKET,
+    DEFAULT_POD_RESOURCES_SOCKET,
+    DEFAULT_STATE_DIR,
+    RUNTIME_KEYS,
+)
 from rdma_netns.spec.env import valid_ifname
 
 NETWORK_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.\-]*\Z")
 PCI_ADDRESS = re.compile(r"[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]\Z")
 DEVICE_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}\Z")
 PLUGIN_TYPE = re.compile(r"[A-Za-z0-9_.\-]{1,64}\Z")
+# A Kubernetes extended resource name: DNS-subdomain prefix, "/", name (IsQualifiedName).
+RESOURCE_NAME = re.compile(
+    r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?\Z")
+MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with the NUL
 
 
 
@@ -85,6 +94,28 @@ class NetConf(Strict):
     stateDir: str = DEFAULT_STATE_DIR
     dns: dict[str, Any] | None = None
     capabilities: dict[str, bool] | None = None
+    # Pairing with the device plugin: attach only pods kubelet granted units of this resource.
+    resourceName: str | None = None
+    podResourcesSocket: str = DEFAULT_POD_RESOURCES_SOCKET
+    podResourcesTimeoutMs: int = Field(default=500, ge=1, le=10000)
+    podGrantsSocket: str = DEFAULT_POD_GRANTS_SOCKET
+
+    @field_validator("resourceName")
+    @classmethod
+    def _resource_name(cls, value: str | None) -> str | None:
+        if value is not None and (len(value) > 253 or not RESOURCE_NAME.match(value)):
+            raise ValueError(f"{value!r} is not an extended resource name like rdma/hca")
+        return value
+
+    @field_validator("podResourcesSocket", "podGrantsSocket")
+    @classmethod
+    def _socket_path(cls, value: str, info: Any) -> str:
+        if value == "" and info.field_name == "podGrantsSocket":
+            return value  # "" = ask kubelet directly
+        if not value.startswith("/") or "\0" in value or ".." in value.split("/") \
+                or len(value.encode()) > MAX_SOCKET_PATH:
+            raise ValueError(f"must be an absolute unix socket path of at most {MAX_SOCKET_PATH} bytes")
+        return value
 
     @field_validator("name")
     @classmethod

@@ -12,7 +12,9 @@ import time
 
 from rdma_netns.kernel.inet import Prefix
 
-SYSFS = "/sys"
+# Tests point this at a kernel-shaped tree (PCI functions, RDMA devices) on machines without
+# RDMA hardware; a node never sets it.
+SYSFS = os.environ.get("RDMA_NETNS_SYSFS_ROOT") or "/sys"
 
 
 def _read(path: str) -> str | None:

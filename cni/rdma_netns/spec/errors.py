@@ -22,6 +22,8 @@ WRONG_RDMA_MODE = 103       # kernel RDMA netns mode does not fit the config's m
 NO_RDMA = 104               # no RDMA subsystem, no RDMA device for a rail, or no GID appeared
 IPAM_FAILED = 105           # the IPAM delegate failed or returned something unusable
 CHECK_FAILED = 106          # CHECK found a difference from what ADD set up
+PAIRING_UNAVAILABLE = 107   # kubelet's PodResources could not say what the pod was granted
+NOT_GRANTED = 108           # the pod holds no device of resourceName that this network can attach
 
 
 class CniError(Exception):

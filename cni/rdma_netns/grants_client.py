@@ -1,0 +1,100 @@
+"""Ask what kubelet granted a pod: through the device-plugin daemon's broker, or kubelet itself.
+
+kubelet's PodResources API is gRPC, and `import grpc` costs tens of milliseconds of every pod
+event. The rdma-netns-dp daemon already runs grpc on every node, so it answers this question on a
+local unix socket in one JSON line each way (its side: rdma_netns_dp.pod_grants). When the daemon
+is not there (not deployed, or restarting) the plugin asks kubelet directly with the same client
+code the daemon uses (rdma_netns_dp.podresources): slower, never wrong.
+"""
+
+from __future__ import annotations
+
+import errno
+from _socket import AF_UNIX, SOCK_CLOEXEC, SOCK_STREAM, socket
+
+from rdma_netns import jsonio
+from rdma_netns.spec.errors import PAIRING_UNAVAILABLE, CniError
+
+MAX_ANSWER = 1 << 20
+# Connection errors that mean "no broker here", as opposed to a broker that failed to answer.
+NO_BROKER = (errno.ENOENT, errno.ECONNREFUSED, errno.ENOTDIR, errno.ENOTSOCK, errno.EACCES)
+
+
+class Grant:
+    """What kubelet says about one pod and one resource."""
+
+    __slots__ = ("found", "device_ids", "via")
+
+    def __init__(self, found: bool, device_ids: list[str], via: str) -> None:
+        self.found, self.device_ids, self.via = found, device_ids, via
+
+
+def query(net: dict, namespace: str, name: str, uid: str) -> Grant:
+    """The pod's device IDs of net["resourceName"]; CniError(PAIRING_UNAVAILABLE) when unknowable."""
+    timeout = net["podResourcesTimeoutMs"] / 1000
+    broker = net["podGrantsSocket"]
+    if broker:
+        request = {"v": 1, "podResourcesSocket": net["podResourcesSocket"], "namespace": namespace,
+                   "name": name, "uid": uid, "resourceName": net["resourceName"],
+                   "timeoutMs": net["podResourcesTimeoutMs"]}
+        try:
+            # The broker's own kubelet deadline comes first; allow it time to say so.
+            return _from_answer(_ask_broker(broker, request, timeout + 0.25), net)
+        except OSError as exc:
+            if exc.errno not in NO_BROKER:
+                raise CniError(PAIRING_UNAVAILABLE, f"the device plugin's grants broker {broker} failed: "
+                               f"{exc.strerror or exc}") from None
+    return _ask_kubelet(net, namespace, name, timeout)
+
+
+def _ask_broker(path: str, request: dict, timeout: float) -> dict:
+    sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC)  # _socket: the socket module's enum import costs
+    try:
+        sock.settimeout(timeout)
+        sock.connect(path)
+        sock.sendall(jsonio.dumps(request).encode() + b"\n")
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+            if len(data) > MAX_ANSWER:
+                raise CniError(PAIRING_UNAVAILABLE, f"the grants broker {path} sent an oversized answer")
+    except TimeoutError:
+        raise CniError(PAIRING_UNAVAILABLE, f"the grants broker {path} did not answer in {timeout:.2f} s",
+                       "kubelet's PodResources API may be slow; raise podResourcesTimeoutMs") from None
+    finally:
+        sock.close()
+    try:
+        answer = jsonio.loads(data)
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        raise CniError(PAIRING_UNAVAILABLE, f"the grants broker {path} sent no JSON answer")
+    return answer
+
+
+def _from_answer(answer: dict, net: dict) -> Grant:
+    if "error" in answer:
+        raise CniError(PAIRING_UNAVAILABLE, f"kubelet's PodResources API ({net['podResourcesSocket']}): "
+                       f"{answer.get('error')}: {answer.get('msg', '')}".rstrip(": "))
+    ids = answer.get("deviceIDs") or []
+    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        raise CniError(PAIRING_UNAVAILABLE, "the grants broker sent a malformed device list")
+    return Grant(bool(answer.get("found")), ids, str(answer.get("via", "")))
+
+
+def _ask_kubelet(net: dict, namespace: str, name: str, timeout: float) -> Grant:
+    try:
+        from rdma_netns_dp import podresources
+    except ImportError as exc:
+        raise CniError(PAIRING_UNAVAILABLE, "the device plugin's grants broker is not running and this "
+                       f"install cannot ask kubelet itself ({exc})") from None
+    try:
+        grant = podresources.pod_device_ids(net["podResourcesSocket"], namespace, name, net["resourceName"],
+                                            timeout)
+    except podresources.PodResourcesUnavailable as exc:
+        raise CniError(PAIRING_UNAVAILABLE, f"kubelet's PodResources API ({net['podResourcesSocket']}): "
+                       f"{exc.kind}: {exc}") from None
+    return Grant(grant.found, list(grant.device_ids), grant.via)

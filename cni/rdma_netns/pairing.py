@@ -1,0 +1,68 @@
+"""Pairing with the device plugin: which pods get RDMA, and which NICs, is kubelet's decision.
+
+With "resourceName" set, ADD asks kubelet (PodResources API, see grants_client.py) which units of
+that resource the pod's containers were granted at admission, which happens before the runtime
+creates the pod's network:
+- shared mode: any unit means the pod gets its rails; none means nothing is attached, and a
+  chained plugin hands the previous result back unchanged (the pod keeps its cluster network);
+- exclusive mode: the unit IDs are the NICs (PCI address or RDMA device name) to move.
+DEL, CHECK and GC never ask kubelet: it has often forgotten the pod by then; they use the state.
+"""
+
+from __future__ import annotations
+
+from rdma_netns.config.loader import Config
+from rdma_netns.grants_client import Grant, query
+from rdma_netns.spec import versions
+from rdma_netns.spec.env import CniEnv
+from rdma_netns.spec.errors import INVALID_ENV, NOT_GRANTED, PAIRING_UNAVAILABLE, CniError
+
+
+def add(env: CniEnv, cfg: Config) -> dict:
+    """ADD behind the pairing gate. A pod that pairing leaves out never loads the attaching code:
+    start-up is most of its cost, and most pods on a node ask for no RDMA."""
+    grant = granted(env, cfg.net)
+    if attaches_nothing(grant, cfg.prev_result is not None, cfg.net.get("resourceName") or ""):
+        return attach_nothing(env, cfg)
+    from rdma_netns import plugin
+
+    return versions.format_result(plugin.cmd_add(env, cfg, grant), cfg.cni_version)
+
+
+def granted(env: CniEnv, net: dict) -> Grant | None:
+    """The pod's grant of net["resourceName"]; None when pairing is off."""
+    resource = net.get("resourceName")
+    if not resource:
+        return None
+    namespace, name = env.args.get("K8S_POD_NAMESPACE", ""), env.args.get("K8S_POD_NAME", "")
+    if not namespace or not name:
+        raise CniError(INVALID_ENV, f"\"resourceName\": \"{resource}\" pairs attachments with kubelet's device "
+                       "grants, but CNI_ARGS names no K8S_POD_NAMESPACE and K8S_POD_NAME",
+                       "a Kubernetes runtime (containerd, CRI-O) sends them; drop resourceName for other runtimes")
+    grant = query(net, namespace, name, env.args.get("K8S_POD_UID", ""))
+    if not grant.found:
+        raise CniError(PAIRING_UNAVAILABLE, f"kubelet does not know pod {namespace}/{name} "
+                       f"(PodResources {grant.via or 'query'})",
+                       "kubelet admits a pod before its sandbox starts; a runtime outside kubelet's control?")
+    return grant
+
+
+def attaches_nothing(grant: Grant | None, chained: bool, resource: str) -> bool:
+    """True when the pod gets nothing from this network (and that is fine); raises when not fine."""
+    if grant is None or grant.device_ids:
+        return False
+    if chained:
+        return True
+    raise CniError(NOT_GRANTED, f"the pod was granted no {resource}, and this network is its only one",
+                   f"ask for {resource} in the pod's resources, or chain rdma-netns after the cluster's CNI")
+
+
+def attach_nothing(env: CniEnv, cfg: Config) -> dict:
+    """A chained pod without a grant: the previous result back unchanged, and a marker so that the
+    runtime's DELs of this attachment return at once (state.py)."""
+    from rdma_netns.state import StateStore
+
+    store = StateStore(cfg.net["stateDir"], cfg.net["name"])
+    store.prepare()
+    store.mark_released(env.container_id, env.ifname)
+    return cfg.prev_result or {}
