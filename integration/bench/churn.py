@@ -137,10 +137,13 @@ def pod_leftovers(pod: str) -> list[str]:
 
 
 def state_files(state_dir: str) -> dict:
-    out = {"attachment_or_temp_files": [], "lock_stripes": 0, "verified_configs": 0}
+    out = {"attachment_or_temp_files": [], "lock_stripes": 0, "verified_configs": 0, "released_markers": 0}
     for root, _dirs, files in os.walk(state_dir):
-        top = os.path.relpath(root, state_dir).split(os.sep)[0]
-        if top == "locks":
+        rel = os.path.relpath(root, state_dir).split(os.sep)
+        top = rel[0]
+        if rel[-1] == "released":  # "holds nothing" markers: bounded by their TTL (state.py)
+            out["released_markers"] += sum(1 for f in files if ":" in f)
+        elif top == "locks":
             out["lock_stripes"] += len(files)
         elif top == "verified-configs":
             out["verified_configs"] += sum(1 for f in files if f.endswith(".json") and ".tmp." not in f)

@@ -219,8 +219,9 @@ runroot = "{self.work}/runroot"
         return out
 
     def state_files(self, network: str) -> list[str]:
+        """Attachment records (not the released/ markers that make repeated DELs cheap)."""
         folder = self.state_dir / network
-        return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+        return sorted(p.name for p in folder.iterdir() if p.name != "released") if folder.exists() else []
 
     def leases(self, network: str) -> list[str]:
         folder = self.ipam_dir / network

@@ -80,8 +80,9 @@ def ipam_leases(node) -> dict[str, str]:
 
 
 def state_files(node) -> dict[str, str]:
-    """The attachment state (not the lock stripes or the verified-config cache)."""
-    return tree(node.state_dir, skip=("locks", "verified-configs"))
+    """The attachment state (not the lock stripes, the verified-config cache, or the markers of
+    released attachments, which only make repeated DELs cheap and expire by themselves)."""
+    return tree(node.state_dir, skip=("locks", "verified-configs", "rdmanet/released"))
 
 
 def snapshot(node, pods: list[str] = ()) -> dict:

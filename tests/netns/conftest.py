@@ -77,7 +77,13 @@ class Node:
         return conf
 
     def cni(self, command: str, conf: dict | bytes | str, pod: str | None = None, container_id: str = "c1",
-            ifname: str = "net1", netns: str | None = None, **kw: object):
+            ifname: str | None = None, netns: str | None = None, **kw: object):
+        """Run the plugin. CNI_IFNAME defaults to net1, or, for a multi-rail config that names its
+        rails, to rail 0's name (as the pod's only network the plugin names rail 0 CNI_IFNAME)."""
+        if ifname is None:
+            ifname = "net1"
+            if isinstance(conf, dict) and len(conf.get("rails") or []) > 1:
+                ifname = conf["rails"][0].get("ifname") or ifname
         path = netns if netns is not None else (self.netns_path(pod) if pod else "")
         return run_plugin(command, conf, container_id=container_id, netns=path, ifname=ifname,
                           node_netns=self.name, **kw)
@@ -89,6 +95,10 @@ class Node:
             return []
         return sorted(p.name for p in folder.iterdir() if p.name not in ("lock",) and
                       not p.name.startswith("last_reserved_ip"))
+
+    def attachment_records(self, network: str = "rdmanet") -> list[str]:
+        """The plugin's per-attachment state files (released/ markers are not records)."""
+        return sorted(p.name for p in (Path(self.state_dir) / network).glob("*.json"))
 
     def links(self, pod: str) -> dict[str, dict]:
         return {link["ifname"]: link for link in ipj("-d", "-n", pod, "link")}

@@ -145,7 +145,7 @@ def test_status_and_gc_reach_a_1_1_ipam(node, fake_ipam):
     keep, gone = node.pod(), node.pod()
     node.cni("ADD", conf, keep, container_id="keep", cni_path=path, extra_env=env).ok()
     node.cni("ADD", conf, gone, container_id="gone", cni_path=path, extra_env=env).ok()
-    gc = dict(conf, **{"cni.dev/valid-attachments": [{"containerID": "keep", "ifname": "net1"}]})
+    gc = dict(conf, **{"cni.dev/valid-attachments": [{"containerID": "keep", "ifname": "rdma0"}]})
     node.cni("GC", gc, cni_path=path, extra_env=env).ok()
     dels = ipam_calls(log, "DEL")
     assert sorted(d["ifname"] for d in dels) == ["rdma0", "rdma1"], "the stale pod's two rails were released"

@@ -83,14 +83,17 @@ def test_del_after_the_pod_namespace_died(node):
     result.ok()
     assert "not back in the host" in result.stderr
     assert node.allocations() == []
-    assert list((Path(node.state_dir) / "rdmanet").iterdir()) == []
+    assert node.attachment_records() == []
 
 
 def test_chained_exclusive_needs_the_previous_interface_and_an_rdma_device(node):
     pod = node.pod()
     prev = {"cniVersion": "1.0.0", "interfaces": [{"name": "other", "sandbox": node.netns_path(pod)}], "ips": []}
-    node.cni("ADD", exclusive(node, prevResult=prev), pod).error(7)
+    rdma_only = exclusive(node, prevResult=prev)  # no IPAM: the previous plugin moved the netdev
+    for rail in rdma_only["rails"]:
+        del rail["ipam"]
+    node.cni("ADD", rdma_only, pod).error(7)
     prev["interfaces"][0]["name"] = "net1"
-    err = node.cni("ADD", exclusive(node, prevResult=prev, runtimeConfig={"deviceID": "mlx5_9"}), pod).error(101)
+    err = node.cni("ADD", dict(rdma_only, prevResult=prev, runtimeConfig={"deviceID": "mlx5_9"}), pod).error(101)
     assert "mlx5_9" in err["msg"]
-    assert list((Path(node.state_dir) / "rdmanet").iterdir()) == []
+    assert node.attachment_records() == []

@@ -89,15 +89,37 @@ def rail(**kw):
 
 
 def test_plan_discovers_every_rdma_netdev(sysfs):
-    plan = rails.plan(net(), "net1", None, chained=False)
+    plan = rails.plan(net(), "net1", None, chained=True)
     assert [(r.netdev, r.ifname, r.rdma.device) for r in plan] == [("ens1f0", "rdma0", "mlx5_0"),
                                                                     ("veth0", "rdma1", "rxe0")]
 
 
 def test_plan_resolves_rdma_device_and_pci(sysfs):
     plan = rails.plan(net(rails=[rail(rdmaDevice="rxe0"), rail(pciAddress="0000:3b:00.0", ifname="r1")]), "net1",
-                      None, chained=False)
+                      None, chained=True)
     assert [(r.netdev, r.ifname) for r in plan] == [("veth0", "rdma0"), ("ens1f0", "r1")]
+
+
+def test_pods_only_network_names_rail_0_cni_ifname(sysfs):
+    """A CRI runtime takes the pod IP from CNI_IFNAME only: as the pod's only network, rail 0 is it."""
+    two = [rail(rdmaDevice="rxe0", ifname="rdma0"), rail(pciAddress="0000:3b:00.0", ifname="rdma1")]
+    assert [r.ifname for r in rails.plan(net(rails=two), "eth0", None, chained=False)] == ["eth0", "rdma1"]
+    assert [r.ifname for r in rails.plan(net(rails=two), "eth0", None, chained=True)] == ["rdma0", "rdma1"]
+    named = [rail(rdmaDevice="rxe0"), rail(pciAddress="0000:3b:00.0", ifname="eth0")]
+    assert [r.ifname for r in rails.plan(net(rails=named), "eth0", None, chained=False)] == ["rdma0", "eth0"]
+
+
+def test_granted_units_narrow_the_rails(sysfs):
+    both = [rail(netdev="veth0"), rail(netdev="ens1f0")]
+    paired = net(rails=both, resourceName="rdma/hca")
+    assert [(r.netdev, r.ifname) for r in rails.plan(paired, "eth0", None, True, ["0000:3b:00.0"])] == \
+        [("ens1f0", "rdma0")]
+    assert [r.netdev for r in rails.plan(paired, "eth0", None, True, ["rxe0", "0000:3b:00.0"])] == \
+        ["veth0", "ens1f0"]
+    for foreign in (["0000:99:00.0"], ["0000:3b:00.0", "mlx5_9"]):
+        with pytest.raises(CniError) as err:
+            rails.plan(paired, "eth0", None, True, foreign)
+        assert err.value.code == 108
 
 
 def test_single_rail_takes_cni_ifname_unless_chained(sysfs):
