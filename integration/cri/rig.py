@@ -208,8 +208,9 @@ disabled_plugins = [
                                      stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
                                      start_new_session=True)
         log.close()
-        if self.client is None:
-            self.client = CriClient(self.socket)
+        if self.client is not None:  # a fresh channel: the old one would sit in reconnect back-off
+            self.client.close()
+        self.client = CriClient(self.socket)
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
