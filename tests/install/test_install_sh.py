@@ -113,3 +113,90 @@ def test_real_install_on_this_machine_and_uninstall():
     assert not os.path.exists(prefix) and not os.path.exists(bin_dir)
     after_conf = sorted(os.listdir("/etc/cni/net.d")) if os.path.isdir("/etc/cni/net.d") else None
     assert after_conf == before_conf
+
+
+# --- "RDMA for non-hostNetwork pods": chained into the primary CNI config ---------------------------
+
+ENTRY = REPO / "conf" / "rdma-netns-chained-entry.json"
+CALICO = """{
+  "name": "k8s-pod-network",
+  "cniVersion": "0.3.1",
+  "plugins": [
+    {
+      "type": "calico",
+      "datastore_type": "kubernetes",
+      "ipam": {"type": "calico-ipam"},
+      "policy": {"type": "k8s"}
+    },
+    {
+      "type": "portmap",
+      "snat": true,
+      "capabilities": {"portMappings": true}
+    }
+  ]
+}
+"""
+
+
+def test_chain_into_primary_idempotent_off_and_uninstall_byte_for_byte(tmp_path):
+    root = tmp_path / "node"
+    conf_dir = root / "etc/cni/net.d"
+    conf_dir.mkdir(parents=True)
+    primary = conf_dir / "10-calico.conflist"
+    primary.write_text(CALICO)
+    primary.chmod(0o600)
+    original_tree = tree(root)
+
+    out = install("--root", str(root), "--chain-into-primary", str(ENTRY))
+    plugins = json.loads(primary.read_text())["plugins"]
+    assert [p["type"] for p in plugins] == ["calico", "portmap", "rdma-netns"]
+    assert plugins[-1] == json.loads(ENTRY.read_text())
+    assert oct(primary.stat().st_mode & 0o777) == oct(0o600), "the primary keeps its mode"
+    state = root / "var/lib/rdma-netns/cni-conf"
+    assert state.stat().st_mode & 0o777 == 0o700 and (state / "original").read_text() == CALICO
+    manifest = (root / "opt/rdma-netns/install-manifest").read_text()
+    assert f"chain {conf_dir} {state}\n" in manifest and "10-calico" not in manifest
+    assert "no primary CNI config" not in out.stdout
+
+    # Again: nothing changes (not even the primary's inode).
+    before, inode = tree(root), primary.stat().st_ino
+    install("--root", str(root), "--chain-into-primary", str(ENTRY))
+    assert tree(root) == before and primary.stat().st_ino == inode
+
+    # Off: the device plugin stays, the entry goes, the primary is byte-for-byte Calico's.
+    install("--root", str(root), "--rdma-pods", "off")
+    assert primary.read_text() == CALICO
+    assert os.access(root / "opt/cni/bin/rdma-netns", os.X_OK)
+    assert "chain " not in (root / "opt/rdma-netns/install-manifest").read_text()
+
+    # On again, then uninstall: everything as it was before the first install.
+    install("--root", str(root), "--chain-into-primary", str(ENTRY), "--rdma-pods", "on")
+    assert json.loads(primary.read_text())["plugins"][-1]["type"] == "rdma-netns"
+    install("--root", str(root), "--uninstall")
+    assert primary.read_text() == CALICO and primary.stat().st_mode & 0o777 == 0o600
+    assert tree(root) == original_tree
+
+
+def test_chain_with_no_primary_yet_says_so_and_off_removes_a_standalone_conflist(tmp_path):
+    root = tmp_path / "node"
+    (root / "etc/cni/net.d").mkdir(parents=True)
+    out = install("--root", str(root), "--chain-into-primary", str(ENTRY), "--conflist", str(CONFLIST))
+    assert "no primary CNI config" in out.stdout
+    standalone = root / "etc/cni/net.d" / CONFLIST.name
+    assert standalone.read_bytes() == CONFLIST.read_bytes(), "our own file is never taken as the primary"
+    install("--root", str(root), "--rdma-pods", "off")
+    assert not standalone.exists() and list((root / "etc/cni/net.d").iterdir()) == []
+    install("--root", str(root), "--uninstall")
+    assert tree(root) == {"etc": "dir", "etc/cni": "dir", "etc/cni/net.d": "dir"}
+
+
+def test_rdma_pods_arguments_are_checked(tmp_path):
+    out = install("--root", str(tmp_path), "--rdma-pods", "maybe", check=False)
+    assert out.returncode == 1 and "on or off" in out.stderr
+    out = install("--root", str(tmp_path), "--rdma-pods", "on", check=False)
+    assert out.returncode == 1 and "--chain-into-primary" in out.stderr
+    out = install("--root", str(tmp_path), "--rdma-pods", "off", "--conflist", str(CONFLIST), check=False)
+    assert out.returncode == 1 and "installs no network config" in out.stderr
+    out = install("--root", str(tmp_path), "--chain-into-primary", str(tmp_path / "none.json"), check=False)
+    assert out.returncode == 1 and "does not exist" in out.stderr
+    assert list(tmp_path.iterdir()) == []
