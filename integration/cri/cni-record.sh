@@ -10,6 +10,8 @@
 #   stdin      the exact bytes of the network config the runtime sent
 #   start/end  nanosecond clock just before the plugin starts and just after it exits
 #   rc, stdout the plugin's exit code and output (stderr passes straight through)
+#   times      the shell's `times`: line 2 is the CPU time (user, system) of its children, i.e.
+#              the plugin (and two `date`s): CPU spent versus waiting
 call="$(dirname "$0")/../cni-calls/$(date +%s%N)-$$-${CNI_COMMAND:-none}"
 mkdir -p "$call" || exec "$0.real"
 env | grep '^CNI_' | sort > "$call/env"
@@ -20,5 +22,6 @@ date +%s%N > "$call/start"
 rc=$?
 date +%s%N > "$call/end"
 echo "$rc" > "$call/rc"
+times > "$call/times"
 cat "$call/stdout"
 exit "$rc"

@@ -71,6 +71,8 @@ class Call:
     stdin: bytes
     rc: int | None
     stdout: str
+    cpu_seconds: float | None = None  # the plugin's user + system CPU time
+
 
     @property
     def conf(self) -> dict:
@@ -114,7 +116,10 @@ class ContainerdRig:
         self.client: CriClient | None = None
         self.image: pause_image.PauseImage | None = None
         self.starts: list[float] = []
-        self._run_dirs_existed = {p: p.exists() for p in (SHIM_SOCKETS, SHIM_SOCKETS.parent)}
+        # Folders containerd/libcni create outside the rig: removed again (if empty) only when
+        # they were not there before.
+        self._run_dirs_existed = {p: p.exists() for p in (SHIM_SOCKETS, SHIM_SOCKETS.parent, LIBCNI_CACHE,
+                                                          LIBCNI_CACHE.parent)}
         for folder in (self.root, self.state, self.cni_bin, self.net_dir, self.calls_dir, self.rdma_state,
                        self.ipam4, self.ipam6, self.work / "runc", self.work / "opt"):
             folder.mkdir(parents=True)
@@ -379,7 +384,7 @@ disabled_plugins = [
             start, end, rc = read("start"), read("end"), read("rc")
             out.append(Call(int(start) if start else int(_when), int(end) if end else None, command, env,
                             (read("env-names") or "").split(), (folder / "stdin").read_bytes(),
-                            int(rc) if rc else None, read("stdout") or ""))
+                            int(rc) if rc else None, read("stdout") or "", _children_cpu(read("times"))))
         return out
 
     def calls_for(self, sandbox_id: str) -> list[Call]:
@@ -470,16 +475,17 @@ disabled_plugins = [
                 pass
         for sandbox_id in self.sandboxes:
             self._shim_socket(sandbox_id).unlink(missing_ok=True)
-        for path in (SHIM_SOCKETS, SHIM_SOCKETS.parent):
+        for network in self.networks:
+            if LIBCNI_CACHE.exists():
+                for entry in LIBCNI_CACHE.glob(f"{network.name}-*"):
+                    entry.unlink(missing_ok=True)
+        for path in (SHIM_SOCKETS, SHIM_SOCKETS.parent, LIBCNI_CACHE, LIBCNI_CACHE.parent):
             if not self._run_dirs_existed[path]:
                 try:
                     path.rmdir()
                 except OSError:
                     pass
         for network in self.networks:
-            if LIBCNI_CACHE.exists():
-                for entry in LIBCNI_CACHE.glob(f"{network.name}-*"):
-                    entry.unlink(missing_ok=True)
             if network.bridge:
                 sh("ip", "link", "del", network.bridge, check=False)
         for rail in self.rails:
@@ -491,6 +497,18 @@ disabled_plugins = [
     def mounts(self) -> list[str]:
         with open("/proc/self/mounts") as mounts:
             return [line.split()[1] for line in mounts if line.split()[1].startswith(str(self.work))]
+
+
+def _children_cpu(times: str | None) -> float | None:
+    """Seconds of CPU from the second line of sh's `times` ("0m0.12s 0m0.03s": user, system)."""
+    lines = (times or "").splitlines()
+    if len(lines) < 2:
+        return None
+    total = 0.0
+    for part in lines[1].split():
+        minutes, _, seconds = part.rstrip("s").partition("m")
+        total += float(minutes) * 60 + float(seconds)
+    return total
 
 
 def _leases(folder: Path) -> list[str]:
