@@ -282,15 +282,19 @@ def test_a_newer_daemons_socket_is_not_removed_by_the_older(shared):
     assert not shared.grants_socket.exists()
 
 
-def test_broker_off_and_broker_impossible(shared):
+def test_broker_off(shared):
     daemon, _ = shared.start_broker("shared", "--pod-grants-socket", "")
     assert not shared.grants_dir.exists()
+    assert not log_lines(daemon, "pod grants broker serving")
     assert daemon.terminate() == 0
+
+
+def test_broker_impossible_leaves_the_device_plugin_serving(shared):
     # The folder cannot be made (a file is in the way): logged, the device plugin still serves.
     blocker = shared.base / "file"
     blocker.write_text("")
     daemon, plugin = shared.start_registered("--mode", "shared", "--resource-name", RESOURCE,
-                                             "--pod-grants-socket", str(blocker / "pod-grants.sock"), count=2)
+                                             "--pod-grants-socket", str(blocker / "pod-grants.sock"))
     assert plugin.allocate(["hca-0001"]).container_responses
     assert any("pod grants broker" in e.get("msg", "") and e["level"] == "error"
                for e in map(_json_or_empty, daemon.stderr().splitlines()))
