@@ -10,7 +10,9 @@ import os
 import sys
 
 from rdma_netns import jsonio
+from rdma_netns.config import loader
 from rdma_netns.spec import versions
+from rdma_netns.spec.env import CniEnv, read_env
 from rdma_netns.spec.errors import INCOMPATIBLE_VERSION, CniError
 
 INTERNAL_ERROR = 999
@@ -37,15 +39,11 @@ def run_cni(environ: dict[str, str] | None = None, stdin: bytes | None = None) -
     """One CNI invocation: result or error JSON on stdout, exit code 0 or 1."""
     error_version = versions.LATEST
     try:
-        from rdma_netns.spec.env import read_env
-
         env = read_env(environ)
         data = sys.stdin.buffer.read() if stdin is None else stdin
         if env.command == "VERSION":
             _emit(versions.version_result())
             return 0
-        from rdma_netns.config import loader
-
         raw = loader.parse_json(data)
         if raw.get("cniVersion") in versions.SUPPORTED_VERSIONS:
             error_version = raw["cniVersion"]
@@ -55,19 +53,21 @@ def run_cni(environ: dict[str, str] | None = None, stdin: bytes | None = None) -
             from rdma_netns import pairing
 
             _emit(pairing.add(env, cfg))
-            return 0
-        from rdma_netns import plugin
+        elif env.command == "DEL" and _repeated_del(env, cfg):
+            pass  # containerd sends DEL two or three times per pod: the repeats load nothing more
+        else:
+            from rdma_netns import plugin
 
-        if env.command == "DEL":
-            plugin.cmd_del(env, cfg)
-        elif env.command == "CHECK":
-            plugin.cmd_check(env, cfg)
-        elif env.command == "STATUS":
-            _require_11(cfg.cni_version, "STATUS")
-            plugin.cmd_status(env, cfg)
-        elif env.command == "GC":
-            _require_11(cfg.cni_version, "GC")
-            plugin.cmd_gc(env, cfg)
+            if env.command == "DEL":
+                plugin.cmd_del(env, cfg)
+            elif env.command == "CHECK":
+                plugin.cmd_check(env, cfg)
+            elif env.command == "STATUS":
+                _require_11(cfg.cni_version, "STATUS")
+                plugin.cmd_status(env, cfg)
+            elif env.command == "GC":
+                _require_11(cfg.cni_version, "GC")
+                plugin.cmd_gc(env, cfg)
         return 0
     except CniError as exc:
         _emit(exc.to_json_dict(error_version))
@@ -78,6 +78,15 @@ def run_cni(environ: dict[str, str] | None = None, stdin: bytes | None = None) -
         traceback.print_exc(file=sys.stderr)
         _emit(CniError(INTERNAL_ERROR, f"internal error: {type(exc).__name__}: {exc}").to_json_dict(error_version))
         return 1
+
+
+def _repeated_del(env: CniEnv, cfg: loader.Config) -> bool:
+    """True when an earlier DEL (or an ADD that attached nothing) left this attachment released."""
+    from rdma_netns.state import StateStore
+
+    net = cfg.net
+    store = StateStore(net["stateDir"], net["name"])
+    return store.already_released(env.container_id, env.ifname, net["lockTimeoutSeconds"])
 
 
 def _require_11(version: str, command: str) -> None:

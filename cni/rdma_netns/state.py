@@ -87,6 +87,14 @@ class StateStore:
         except OSError:
             pass
 
+    def already_released(self, container_id: str, ifname: str, lock_timeout: float) -> bool:
+        """A repeated DEL's whole work: no record and a fresh marker (checked under the lock, so a
+        concurrent ADD of the same attachment is not missed). One lstat when there is no marker."""
+        if not self.is_released(container_id, ifname):
+            return False
+        with self.locked(container_id, ifname, lock_timeout):
+            return self.load(container_id, ifname) is None and self.is_released(container_id, ifname)
+
     def clear_released(self, container_id: str, ifname: str) -> None:
         try:
             os.unlink(self._released_path(container_id, ifname))

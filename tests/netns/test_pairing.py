@@ -54,9 +54,11 @@ def primary_result(node, pod: str) -> dict:
 
 
 def paired(node, kubelet, version: str = "1.0.0", rails: int = 1, **extra) -> dict:
-    conf = node.conf(rails=rails, version=version, resourceName=RESOURCE,
+    """A config that pairs with the stand-in. The timeout is generous (the default is 500 ms):
+    the Python stand-in on a loaded 2-core CI machine is far slower than kubelet."""
+    extra.setdefault("podResourcesTimeoutMs", 5000)
+    return node.conf(rails=rails, version=version, resourceName=RESOURCE,
                      podResourcesSocket=str(kubelet.socket), podGrantsSocket="", **extra)
-    return conf
 
 
 def recording_cni_path(folder: Path) -> tuple[str, Path]:
@@ -277,7 +279,7 @@ def test_through_the_device_plugins_broker_and_without_it(node):
         grants = host.kubelet.admit_pod("team-a", "trainer", {"main": {RESOURCE: 1}})
         assert len(grants["main"][RESOURCE]) == 1
         conf = node.conf(resourceName=RESOURCE, podResourcesSocket=str(pod_resources.socket),
-                         podGrantsSocket=str(broker))
+                         podGrantsSocket=str(broker), podResourcesTimeoutMs=5000)
         pod = node.pod()
         node.cni("ADD", conf, pod, ifname="eth0", extra_env=k8s_args("trainer")).ok()
         assert "eth0" in node.links(pod)
