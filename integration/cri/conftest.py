@@ -47,8 +47,8 @@ def rig():
         yield r
     finally:
         r.close()
-        leftovers = [m for m in r.mounts()] + ([str(r.work)] if r.work.exists() else [])
-        assert not leftovers, f"the rig left {leftovers}"
+        remnants = r.remnants()
+        assert not remnants, f"the rig left {remnants}"
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -119,7 +119,7 @@ class ContainerdRig:
         # Folders containerd/libcni create outside the rig: removed again (if empty) only when
         # they were not there before.
         self._run_dirs_existed = {p: p.exists() for p in (SHIM_SOCKETS, SHIM_SOCKETS.parent, LIBCNI_CACHE,
-                                                          LIBCNI_CACHE.parent)}
+                                                          LIBCNI_CACHE.parent, *_namespace_cgroups())}
         for folder in (self.root, self.state, self.cni_bin, self.net_dir, self.calls_dir, self.rdma_state,
                        self.ipam4, self.ipam6, self.work / "runc", self.work / "opt"):
             folder.mkdir(parents=True)
@@ -479,8 +479,8 @@ disabled_plugins = [
             if LIBCNI_CACHE.exists():
                 for entry in LIBCNI_CACHE.glob(f"{network.name}-*"):
                     entry.unlink(missing_ok=True)
-        for path in (SHIM_SOCKETS, SHIM_SOCKETS.parent, LIBCNI_CACHE, LIBCNI_CACHE.parent):
-            if not self._run_dirs_existed[path]:
+        for path in (SHIM_SOCKETS, SHIM_SOCKETS.parent, LIBCNI_CACHE, LIBCNI_CACHE.parent, *_namespace_cgroups()):
+            if not self._run_dirs_existed.get(path, False):
                 try:
                     path.rmdir()
                 except OSError:
@@ -494,9 +494,30 @@ disabled_plugins = [
             sh("umount", "-l", mountpoint, check=False)
         shutil.rmtree(self.work, ignore_errors=True)
 
+    def remnants(self) -> list[str]:
+        """What close() should have removed and is still there (empty after a clean close)."""
+        found = [f"mount {m}" for m in self.mounts()]
+        found += [f"folder {self.work}"] if self.work.exists() else []
+        found += [f"process {pid}" for pid in self._our_pids(str(self.work))]
+        found += [f"link {name}" for name in [*self.rails, *(n.bridge for n in self.networks if n.bridge)]
+                  if os.path.exists(f"/sys/class/net/{name}")]
+        found += [f"shim socket {self._shim_socket(sid)}" for sid in self.sandboxes if self._shim_socket(sid).exists()]
+        if LIBCNI_CACHE.exists():
+            found += [f"libcni cache {p}" for n in self.networks for p in LIBCNI_CACHE.glob(f"{n.name}-*")]
+        found += [f"cgroup {p}" for p in _namespace_cgroups() if p.exists() and not self._run_dirs_existed.get(p, False)]
+        return found
+
     def mounts(self) -> list[str]:
         with open("/proc/self/mounts") as mounts:
             return [line.split()[1] for line in mounts if line.split()[1].startswith(str(self.work))]
+
+
+def _namespace_cgroups() -> list[Path]:
+    """The cgroup folders runc makes for containerd's default cgroupsPath /k8s.io/<id> (one per
+    v1 controller, or one on a v2-only machine); a pod's own folder goes with the pod, the parent
+    stays, so close() removes it (rmdir: only when empty) if the rig made it."""
+    root = Path("/sys/fs/cgroup")
+    return [root / NAMESPACE, *(p / NAMESPACE for p in sorted(root.iterdir()) if p.is_dir())] if root.exists() else []
 
 
 def _children_cpu(times: str | None) -> float | None:
