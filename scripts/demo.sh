@@ -56,7 +56,7 @@ cat > "$CONF" <<JSON
   "requireRdma": false,
   "stateDir": "$STATE",
   "rails": [
-    {"netdev": "rdemo0", "ifname": "rdma0",
+    {"netdev": "rdemo0",
      "ipam": {"type": "host-local", "dataDir": "$IPAM_DATA", "ranges": [[{"subnet": "fd00:a0::/64"}]]}},
     {"netdev": "rdemo1", "ifname": "rdma1",
      "ipam": {"type": "host-local", "dataDir": "$IPAM_DATA", "ranges": [[{"subnet": "fd00:a1::/64"}]]}}
@@ -71,7 +71,7 @@ cni() {
   local command=$1 pod=$2 out rc start end
   start=$(date +%s%N)
   set +e
-  out=$(CNI_COMMAND=$command CNI_CONTAINERID="demo-$pod" CNI_NETNS="/var/run/netns/$pod" CNI_IFNAME=net1 \
+  out=$(CNI_COMMAND=$command CNI_CONTAINERID="demo-$pod" CNI_NETNS="/var/run/netns/$pod" CNI_IFNAME=eth0 \
         CNI_PATH=$CNI_PATH "$PLUGIN" < "$CONF")
   rc=$?
   set -e
@@ -84,7 +84,8 @@ cni() {
 say "STATUS: can the plugin take ADDs now?"
 CNI_COMMAND=STATUS CNI_PATH=$CNI_PATH "$PLUGIN" < "$CONF" && echo "STATUS -> ready"
 
-say "ADD: env CNI_COMMAND=ADD CNI_CONTAINERID=demo-<pod> CNI_NETNS=/var/run/netns/<pod> CNI_IFNAME=net1 CNI_PATH=$CNI_PATH rdma-netns < rdma.json"
+say "ADD: env CNI_COMMAND=ADD CNI_CONTAINERID=demo-<pod> CNI_NETNS=/var/run/netns/<pod> CNI_IFNAME=eth0 CNI_PATH=$CNI_PATH rdma-netns < rdma.json"
+echo "(as the pod's only network, rail 0 is named CNI_IFNAME, eth0: a CRI runtime takes the pod IP from it)"
 for pod in "${PODS[@]}"; do cni ADD "$pod"; done
 
 say "What pod a got (one macvlan per rail, IPv6 usable at once, a routing table + rule per rail)"
@@ -93,7 +94,7 @@ ip -n rdemo-pod-a -6 rule show | grep -v "lookup local\|lookup main"
 
 addr() { ip -n "$1" -6 -j addr show dev "$2" scope global | .venv/bin/python -c 'import json,sys; print(json.load(sys.stdin)[0]["addr_info"][0]["local"])'; }
 say "Ping between the pods over IPv6 on each rail (right after ADD: no DAD wait)"
-for ifname in rdma0 rdma1; do
+for ifname in eth0 rdma1; do
   src=$(addr rdemo-pod-a "$ifname"); dst=$(addr rdemo-pod-b "$ifname")
   echo "-- $ifname: $src -> $dst"
   ip netns exec rdemo-pod-a ping -6 -c 2 -i 0.2 -W 2 -I "$src" "$dst" | tail -2
@@ -114,8 +115,9 @@ for pod in "${PODS[@]}"; do
   [ -z "$links$rules" ] || leftover=1
 done
 leases=$(find "$IPAM_DATA" -type f ! -name lock ! -name 'last_reserved_ip*' | wc -l)
-states=$(find "$STATE/rdma-demo" -type f | wc -l)
-echo "IPAM leases held: $leases; plugin state files: $states"
+states=$(find "$STATE/rdma-demo" -maxdepth 1 -type f | wc -l)
+markers=$(find "$STATE/rdma-demo/released" -type f -name '*:*' 2>/dev/null | wc -l)
+echo "IPAM leases held: $leases; plugin state files: $states (released markers, which make repeated DELs cheap and expire in an hour: $markers)"
 [ "$leases" -eq 0 ] && [ "$states" -eq 0 ] || leftover=1
 if [ "$leftover" -ne 0 ]; then echo "demo: something was left behind" >&2; exit 1; fi
 say "Demo finished: ADD, ping on both rails, CHECK, DEL, clean."

@@ -29,7 +29,7 @@ cat > "$WORK/rdma.json" <<JSON
 JSON
 
 cni() {
-  CNI_COMMAND=$1 CNI_CONTAINERID=$2 CNI_NETNS=/var/run/netns/$2 CNI_IFNAME=net1 CNI_PATH=/usr/lib/cni \
+  CNI_COMMAND=$1 CNI_CONTAINERID=$2 CNI_NETNS=/var/run/netns/$2 CNI_IFNAME=rdma0 CNI_PATH=/usr/lib/cni \
     "$LAUNCHER" < "$WORK/rdma.json"
 }
 say "ADD (requireRdma is on: the rail must be an RDMA netdev, and each address must become a GID)"

@@ -46,7 +46,7 @@ def test_shared_mode_two_pods_gids_and_rdma_traffic(lab, link):
     confs = [shared_conf(lab, link, lower) for lower in lowers]
     pods = [lab.pod(), lab.pod()]
     results = [timed_cni(f"shared-{link}", "ADD", conf, container_id=p, netns=f"/var/run/netns/{p}",
-                         ifname="net1").ok() for p, conf in zip(pods, confs)]
+                         ifname="rdma0").ok() for p, conf in zip(pods, confs)]
     addresses = [pod_address(r) for r in results]
     for result, address, lower in zip(results, addresses, lowers):
         device = devices[lower]
@@ -56,7 +56,7 @@ def test_shared_mode_two_pods_gids_and_rdma_traffic(lab, link):
         assert gid_ndevs(device, address) == ["rdma0"], address
     for pod, conf in zip(pods, confs):
         timed_cni(f"shared-{link}", "CHECK", conf, container_id=pod, netns=f"/var/run/netns/{pod}",
-                  ifname="net1").ok()
+                  ifname="rdma0").ok()
 
     # The traffic path Soft-RoCE can carry: an rxe on each pod's own interface. The node's rxe
     # goes first, so that rdma_cm (which picks the device by the GID of the source address)
@@ -76,7 +76,7 @@ def test_shared_mode_two_pods_gids_and_rdma_traffic(lab, link):
         in_pod(pod, "rdma", "link", "delete", f"rxp{lab.tag}{i}")
         lab.rxe.remove(f"rxp{lab.tag}{i}")
         timed_cni(f"shared-{link}", "DEL", conf, container_id=pod, netns=f"/var/run/netns/{pod}",
-                  ifname="net1").ok()
+                  ifname="rdma0").ok()
         assert set(lab_links(pod)) == {"lo"}
 
 
@@ -87,9 +87,9 @@ def test_del_removes_the_pods_gid(lab):
     conf = shared_conf(lab, "macvlan")
     pod = lab.pod()
     address = pod_address(timed_cni("shared-gid", "ADD", conf, container_id=pod, netns=f"/var/run/netns/{pod}",
-                                     ifname="net1").ok())
+                                     ifname="rdma0").ok())
     assert gid_ndevs(device, address) == ["rdma0"]
-    timed_cni("shared-gid", "DEL", conf, container_id=pod, netns=f"/var/run/netns/{pod}", ifname="net1").ok()
+    timed_cni("shared-gid", "DEL", conf, container_id=pod, netns=f"/var/run/netns/{pod}", ifname="rdma0").ok()
     assert gid_ndevs(device, address) == []
 
 
@@ -101,5 +101,5 @@ def test_shared_mode_refuses_a_rail_without_rdma_device(lab):
     lab.veth(f"v0{lab.tag}", f"v1{lab.tag}")  # no rxe on it
     pod = lab.pod()
     err = timed_cni("shared-norxe", "ADD", shared_conf(lab, "macvlan"), container_id=pod,
-                    netns=f"/var/run/netns/{pod}", ifname="net1").error(104)
+                    netns=f"/var/run/netns/{pod}", ifname="rdma0").error(104)
     assert f"v0{lab.tag}" in err["msg"]

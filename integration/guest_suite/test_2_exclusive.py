@@ -161,12 +161,12 @@ def test_exclusive_moves_a_physical_nic_in_and_back_even_after_the_pod_died(lab,
             "requireRdma": False, "stateDir": str(lab.tmp / "state"),
             "rails": [{"netdev": nic, "ifname": "rdma0", "ipam": lab.ipam("fd00:31::/64")}]}
     pod = lab.pod()
-    timed_cni("exclusive-nic", "ADD", conf, container_id=pod, netns=f"/var/run/netns/{pod}", ifname="net1").ok()
+    timed_cni("exclusive-nic", "ADD", conf, container_id=pod, netns=f"/var/run/netns/{pod}", ifname="rdma0").ok()
     assert json.loads(in_pod(pod, "ip", "-j", "link", "show", "rdma0").stdout)[0]["address"] == mac
     sh("ip", "netns", "del", pod)
     lab.pods.remove(pod)
     # The kernel hands a physical NIC back to the host when its namespace dies, under the pod's
     # name (or dev<N>); DEL finds it by MAC and gives it back its own name.
-    timed_cni("exclusive-nic", "DEL", conf, container_id=pod, netns=f"/var/run/netns/{pod}", ifname="net1").ok()
+    timed_cni("exclusive-nic", "DEL", conf, container_id=pod, netns=f"/var/run/netns/{pod}", ifname="rdma0").ok()
     back = json.loads(sh("ip", "-j", "link", "show", nic).stdout)[0]
     assert back["address"] == mac

@@ -120,10 +120,11 @@ def test_podman_add_ping_del_over_two_rails(rig, tmp_path_factory):
     addrs = {}
     for key, name in names.items():
         found = container_ipv6(rig, name)
-        assert set(found) == {"lo", "rdma0", "rdma1"}, f"{name}: interfaces {found}"
-        for i, subnet in enumerate(RAIL_SUBNETS):
-            assert len(found[f"rdma{i}"]) == 1 and _in(found[f"rdma{i}"][0], subnet), found
-        addrs[key] = [found["rdma0"][0], found["rdma1"][0]]
+        # the pod's only network: rail 0 takes CNI_IFNAME (eth0), as a CRI runtime needs
+        assert set(found) == {"lo", "eth0", "rdma1"}, f"{name}: interfaces {found}"
+        for ifname, subnet in zip(("eth0", "rdma1"), RAIL_SUBNETS):
+            assert len(found[ifname]) == 1 and _in(found[ifname][0], subnet), found
+        addrs[key] = [found["eth0"][0], found["rdma1"][0]]
         # ... and Podman understood the plugin's result
         settings = rig.inspect(name)["NetworkSettings"]["Networks"][net]
         assert settings["GlobalIPv6Address"] == addrs[key][0].split("/")[0]
@@ -170,7 +171,7 @@ def test_podman_add_ping_del_over_two_rails(rig, tmp_path_factory):
         prev = del_conf.pop("prevResult")
         assert del_conf == _expected_stdin(conflist)
         assert prev["cniVersion"] == "1.0.0"
-        assert [i["name"] for i in prev["interfaces"]] == ["rdma0", "rdma1"]
+        assert [i["name"] for i in prev["interfaces"]] == ["eth0", "rdma1"]
         assert {i["sandbox"] for i in prev["interfaces"]} == {sandboxes[key]}
         assert [ip["address"] for ip in prev["ips"]] == addrs[key]
     versions = [c for c in rig.calls() if c.command == "VERSION"]
