@@ -345,6 +345,19 @@ def test_the_daemon_starts_with_the_configmap_config_and_its_probe_passes(tmp_pa
 
 # --- the init container's install script ------------------------------------------------------------
 
+def container_env(c: dict) -> dict[str, str]:
+    """A container's env as the kubelet resolves it (plain values, this ConfigMap's keys)."""
+    out = {}
+    for e in c.get("env", []):
+        if "value" in e:
+            out[e["name"]] = e["value"]
+        else:
+            ref = e["valueFrom"]["configMapKeyRef"]
+            assert ref["name"] == configmap()["metadata"]["name"] and not ref.get("optional")
+            out[e["name"]] = configmap()["data"][ref["key"]]
+    return out
+
+
 def install_env(tmp_path: Path) -> tuple[str, dict, Path, Path]:
     """A fake image tree and a fake host; the script with the container's env pointed at them."""
     pod = daemonset()["spec"]["template"]["spec"]
@@ -366,7 +379,7 @@ def install_env(tmp_path: Path) -> tuple[str, dict, Path, Path]:
     host = tmp_path / "host"
     host.mkdir()
     env = {"PATH": "/usr/bin:/bin", "HOST": str(host), "PREFIX": str(prefix), "CONFIG_DIR": str(config_dir)}
-    env.update({e["name"]: e["value"] for e in init["env"]})
+    env.update(container_env(init))
     mounted = {m["mountPath"] for m in init["volumeMounts"]}
     assert {"/host/opt/cni/bin", "/host/etc/cni/net.d", "/host/opt/rdma-netns-ds", "/etc/rdma-netns"} <= mounted
     return script, env, host, prefix
@@ -378,6 +391,7 @@ def run_script(script: str, env: dict) -> subprocess.CompletedProcess:
 
 def test_install_script_on_a_fake_node(tmp_path: Path):
     script, env, host, prefix = install_env(tmp_path)
+    env.update(INSTALL_CONFLIST="true", RDMA_FOR_NON_HOSTNETWORK_PODS="false")  # the standalone way
     on_host = Path(f"{host}{prefix}")
     stale = on_host / "0.0.9-old"
     stale.mkdir(parents=True)
@@ -413,6 +427,7 @@ def test_install_script_on_a_fake_node(tmp_path: Path):
 
 def test_install_script_refuses_an_invalid_conflist_and_can_skip_it(tmp_path: Path):
     script, env, host, _ = install_env(tmp_path)
+    env.update(INSTALL_CONFLIST="true", RDMA_FOR_NON_HOSTNETWORK_PODS="false")
     Path(env["CONFIG_DIR"], "rdma-netns.conflist").write_text(
         '{"cniVersion": "1.1.0", "name": "x", "plugins": [{"type": "rdma-netns", "railz": []}]}')
     out = run_script(script, env)
@@ -421,3 +436,149 @@ def test_install_script_refuses_an_invalid_conflist_and_can_skip_it(tmp_path: Pa
     out = run_script(script, dict(env, INSTALL_CONFLIST="false"))
     assert out.returncode == 0, out.stderr
     assert not (host / "etc" / "cni" / "net.d" / env["CONFLIST_NAME"]).exists()
+
+
+# --- "RDMA for non-hostNetwork pods": chained into the primary CNI config -----------------------------
+
+CALICO = """{
+  "name": "k8s-pod-network",
+  "cniVersion": "0.3.1",
+  "plugins": [
+    {"type": "calico", "datastore_type": "kubernetes", "ipam": {"type": "calico-ipam"}},
+    {"type": "portmap", "snat": true, "capabilities": {"portMappings": true}}
+  ]
+}
+"""
+
+
+def test_the_switch_is_on_by_default_and_the_entry_is_the_shipped_one(tmp_path: Path):
+    pod = daemonset()["spec"]["template"]["spec"]
+    data = configmap()["data"]
+    assert data["RDMA_FOR_NON_HOSTNETWORK_PODS"] == "true"
+    init = container(pod, "install-cni", init=True)
+    assert container_env(init)["RDMA_FOR_NON_HOSTNETWORK_PODS"] == "true"
+    assert container_env(init)["INSTALL_CONFLIST"] == "false", "one way at a time: chained by default"
+    entry = json.loads(data["rdma-netns-chained-entry.json"])
+    assert entry == json.loads((REPO / "conf" / "rdma-netns-chained-entry.json").read_text()), \
+        "the ConfigMap drifted from conf/rdma-netns-chained-entry.json"
+    assert entry["type"] == "rdma-netns" and entry["resourceName"] == "rdma/hca" and len(entry["rails"]) == 8
+    conflist = {"cniVersion": "1.0.0", "name": "k8s-pod-network",
+                "plugins": [{"type": "calico"}, entry]}
+    out = check_config(tmp_path, json.dumps(conflist))
+    assert out.returncode == 0, out.stderr
+
+
+def test_watch_sidecar_mounts_what_the_init_container_writes():
+    pod = daemonset()["spec"]["template"]["spec"]
+    init, watch = container(pod, "install-cni", init=True), container(pod, "cni-conf-watch")
+    assert container_env(watch)["RDMA_FOR_NON_HOSTNETWORK_PODS"] == container_env(init)["RDMA_FOR_NON_HOSTNETWORK_PODS"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+
+    def host_mounts(c: dict) -> dict[str, str]:
+        return {m["mountPath"]: volumes[m["name"]].get("hostPath", {}).get("path") for m in c["volumeMounts"]}
+
+    for path, host in {"/host/etc/cni/net.d": "/etc/cni/net.d",
+                       "/host/var/lib/rdma-netns/cni-conf": "/var/lib/rdma-netns/cni-conf"}.items():
+        assert host_mounts(init)[path] == host_mounts(watch)[path] == host, path
+    assert watch["securityContext"]["readOnlyRootFilesystem"] is True
+    assert set(watch["securityContext"]["capabilities"]["add"]) <= {"CHOWN", "DAC_OVERRIDE", "FOWNER"}
+    script = watch["command"][2]
+    assert "cni-conf watch" in script and "/etc/rdma-netns/rdma-netns-chained-entry.json" in script
+    assert "--keep-on-exit" not in script, "on termination the entry goes"
+
+
+def test_install_script_chains_into_the_primary_and_the_switch_off_restores_it(tmp_path: Path):
+    script, env, host, _ = install_env(tmp_path)
+    conf_dir = host / "etc" / "cni" / "net.d"
+    conf_dir.mkdir(parents=True)
+    primary = conf_dir / "10-calico.conflist"
+    primary.write_text(CALICO)
+    out = run_script(script, env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    doc = json.loads(primary.read_text())
+    assert [p["type"] for p in doc["plugins"]] == ["calico", "portmap", "rdma-netns"]
+    assert sorted(os.listdir(conf_dir)) == ["10-calico.conflist"], "no standalone conflist, no temp file"
+    state = host / "var" / "lib" / "rdma-netns" / "cni-conf"
+    assert state.stat().st_mode & 0o777 == 0o700
+
+    inode = primary.stat().st_ino
+    out = run_script(script, env)  # a restarted pod: nothing to do
+    assert out.returncode == 0 and "already" in out.stderr and primary.stat().st_ino == inode
+
+    both = run_script(script, dict(env, INSTALL_CONFLIST="true"))
+    assert both.returncode == 1 and "set only one" in both.stderr
+    bad = run_script(script, dict(env, RDMA_FOR_NON_HOSTNETWORK_PODS="yes"))
+    assert bad.returncode == 1 and "must be" in bad.stderr
+
+    off = run_script(script, dict(env, RDMA_FOR_NON_HOSTNETWORK_PODS="false"))
+    assert off.returncode == 0, off.stderr
+    assert primary.read_text() == CALICO, "byte for byte as the cluster CNI wrote it"
+    assert list(state.iterdir()) == []
+
+
+def test_install_script_refuses_an_entry_the_plugin_would_refuse(tmp_path: Path):
+    script, env, host, _ = install_env(tmp_path)
+    conf_dir = host / "etc" / "cni" / "net.d"
+    conf_dir.mkdir(parents=True)
+    (conf_dir / "10-calico.conflist").write_text(CALICO)
+    entry = Path(env["CONFIG_DIR"], "rdma-netns-chained-entry.json")
+    entry.write_text(entry.read_text().replace('"rails"', '"railz"'))
+    out = run_script(script, env)
+    assert out.returncode != 0 and "railz" in out.stderr
+    assert (conf_dir / "10-calico.conflist").read_text() == CALICO
+
+
+def test_watch_sidecar_command_for_real(tmp_path: Path):
+    """The sidecar's script, its /host and /etc/rdma-netns paths moved under tmp_path, run with the
+    installed rdma-netns: re-inserts after the cluster CNI rewrites its file, removes on SIGTERM."""
+    pod = daemonset()["spec"]["template"]["spec"]
+    watch = container(pod, "cni-conf-watch")
+    assert watch["command"][:2] == ["/bin/sh", "-ec"]
+    host, config = tmp_path / "host", tmp_path / "config"
+    conf_dir = host / "etc" / "cni" / "net.d"
+    conf_dir.mkdir(parents=True)
+    config.mkdir()
+    for key, value in configmap()["data"].items():
+        (config / key).write_text(value)
+    script = watch["command"][2].replace("/host/", f"{host}/").replace("/etc/rdma-netns/", f"{config}/")
+    env = {"PATH": f"{os.path.dirname(installed_executable())}:/usr/bin:/bin", **container_env(watch)}
+    primary = conf_dir / "10-calico.conflist"
+    primary.write_text(CALICO)
+
+    def chained() -> bool:
+        try:
+            return json.loads(primary.read_text())["plugins"][-1]["type"] == "rdma-netns"
+        except (ValueError, OSError):
+            return False
+
+    def wait(predicate, timeout: float = 10) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            assert time.monotonic() < deadline, "not within the time"
+            time.sleep(0.05)
+
+    proc = subprocess.Popen(["/bin/sh", "-ec", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        wait(chained)
+        rewritten = CALICO.replace("kubernetes", "etcdv3")
+        tmp = conf_dir / ".calico.tmp"
+        tmp.write_text(rewritten)
+        os.rename(tmp, primary)
+        wait(chained, 5)
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert primary.read_text() == rewritten, err
+
+    off = subprocess.Popen(["/bin/sh", "-ec", script], env=dict(env, RDMA_FOR_NON_HOSTNETWORK_PODS="false"),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1)
+    off.terminate()
+    out, _ = off.communicate(timeout=10)
+    assert off.returncode == 0 and "nothing to watch" in out
+    assert primary.read_text() == rewritten
