@@ -9,6 +9,7 @@
 # Usage: integration/cri/gen-proto.sh [UPSTREAM_API_PROTO]
 #   with an argument: strip that upstream file into api/runtime/v1/api.proto first, then compile;
 #   without: compile the committed api/runtime/v1/api.proto.
+# OUT=<dir> writes the generated modules under <dir> instead of in place (the drift test uses it).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
@@ -30,4 +31,5 @@ fi
 cd "$repo"
 # Module paths follow the file path from the repo root (integration.cri.api.runtime.v1.api_pb2),
 # so the generated grpc module imports its messages by that package path.
-"$PY" -m grpc_tools.protoc -I . --python_out=. --pyi_out=. --grpc_python_out=. "$proto"
+out=${OUT:-.}
+"$PY" -m grpc_tools.protoc -I . --python_out="$out" --pyi_out="$out" --grpc_python_out="$out" "$proto"
