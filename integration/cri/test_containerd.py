@@ -25,6 +25,7 @@ import pytest
 
 from integration.cri.api.runtime.v1 import api_pb2 as cri
 from integration.cri.conftest import REPORT, record
+from integration.cri.cri_client import Pod
 from integration.cri.rig import HERE, ContainerdRig, Network, in_subnet
 from tests.kubelet_standin import PodResourcesStandIn
 
@@ -45,6 +46,11 @@ def run_ready(rig: ContainerdRig, kind: str, label: str = "p", pod=None) -> tupl
     assert status.state == cri.SANDBOX_READY, f"{sandbox_id} not ready: {status}"
     assert (status.metadata.name, status.metadata.namespace, status.metadata.uid) == (pod.name, pod.namespace, pod.uid)
     return sandbox_id, pod
+
+
+def _pod_of(rig: ContainerdRig, sandbox_id: str) -> Pod:
+    meta = rig.cri.pod_status(sandbox_id).status.metadata
+    return Pod(name=meta.name, namespace=meta.namespace, uid=meta.uid, attempt=meta.attempt)
 
 
 def address(cidrs: list[str]) -> str:
@@ -119,6 +125,13 @@ def test_chained_eth0_and_rdma0_then_double_del_leaves_nothing(rig):
         assert [p.name for p in state.glob(f"{sid}:*.json")] == [f"{sid}:eth0.json"]
 
     first = sandboxes[0]
+    # A container of the pod (CreateContainer/StartContainer/ExecSync) sees the same two interfaces.
+    seen = rig.cri.exec_in_pod(first, _pod_of(rig, first), rig.image.name, ["/bin/busybox", "ip", "-o", "addr"])
+    assert seen.exit_code == 0, seen.stderr
+    lines = seen.stdout.decode().splitlines()
+    for ifname, addrs in rig.pod_addresses(first).items():
+        for cidr in addrs["inet"] + addrs["inet6"]:
+            assert any(f" {ifname} " in line and f" {cidr} " in line for line in lines), (ifname, cidr, lines)
     rig.cri.stop_pod(first)
     dels = [c for c in rig.calls_for(first) if c.command == "DEL"]
     assert len(dels) == 1 and dels[0].env["CNI_NETNS"] and dels[0].rc == 0
