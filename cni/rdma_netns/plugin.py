@@ -8,6 +8,7 @@ change, so that a crash at any point leaves a record DEL (or GC) can undo.
 from __future__ import annotations
 
 import os
+import stat
 import sys
 from _socket import AF_INET, AF_INET6
 
@@ -549,6 +550,9 @@ def cmd_status(env: CniEnv, cfg: loader.Config) -> None:
     """Can ADD work now? Rails present and up, kernel mode right, IPAM plugins there and ready."""
     net = cfg.net
     try:
+        if net["resourceName"] and not _is_socket(net["podResourcesSocket"]):
+            raise CniError(NOT_AVAILABLE, f"kubelet's PodResources socket {net['podResourcesSocket']} is missing",
+                           f"pairing with {net['resourceName']} grants needs a running kubelet")
         plan = rails.plan(net, "eth0", None, False)
         with NetlinkSocket() as sock:
             mode = modes.select(net)
@@ -560,6 +564,13 @@ def cmd_status(env: CniEnv, cfg: loader.Config) -> None:
                             netns="", ifname="", cni_path=env.path, timeout=net["ipamTimeoutSeconds"])
     except CniError as exc:
         raise CniError(NOT_AVAILABLE, exc.msg, exc.details) from None
+
+
+def _is_socket(path: str) -> bool:
+    try:
+        return stat.S_ISSOCK(os.stat(path).st_mode)
+    except OSError:
+        return False
 
 
 def cmd_gc(env: CniEnv, cfg: loader.Config) -> None:

@@ -1,0 +1,142 @@
+"""The CNI side of the grants broker: every way an answer can go wrong is a clear 107.
+
+A scripted broker (a thread on a unix socket) answers with what each test wants; the real broker
+(rdma_netns_dp.pod_grants) is exercised end to end in tests/netns/test_pairing.py and tests/dp.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from rdma_netns import grants_client, pairing
+from rdma_netns.spec.env import CniEnv
+from rdma_netns.spec.errors import CniError
+
+
+class ScriptedBroker:
+    """Accepts connections and answers each with `reply(request_bytes)` (None: close silently)."""
+
+    def __init__(self, reply: Callable[[bytes], bytes | None]) -> None:
+        self.folder = tempfile.mkdtemp(prefix="rngc-", dir="/tmp")
+        self.path = os.path.join(self.folder, "b.sock")
+        self.requests: list[dict] = []
+        self.reply = reply
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(self.path)
+        self.sock.listen(8)
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                data = b""
+                while not data.endswith(b"\n"):
+                    chunk = conn.recv(4096)
+                    if not chunk:
+                        break
+                    data += chunk
+                self.requests.append(json.loads(data))
+                answer = self.reply(data)
+                if answer is not None:
+                    conn.sendall(answer)
+
+    def close(self) -> None:
+        self.sock.close()
+        os.unlink(self.path)
+        os.rmdir(self.folder)
+
+
+@pytest.fixture
+def broker_with() -> Iterator[Callable[[Callable[[bytes], bytes | None]], ScriptedBroker]]:
+    made: list[ScriptedBroker] = []
+
+    def make(reply: Callable[[bytes], bytes | None]) -> ScriptedBroker:
+        made.append(ScriptedBroker(reply))
+        return made[-1]
+
+    yield make
+    for b in made:
+        b.close()
+
+
+def net(broker: str, timeout_ms: int = 300) -> dict:
+    return {"resourceName": "rdma/hca", "podResourcesSocket": "/var/lib/kubelet/pod-resources/kubelet.sock",
+            "podResourcesTimeoutMs": timeout_ms, "podGrantsSocket": broker}
+
+
+def test_request_carries_the_pod_and_the_answer_comes_back(broker_with):
+    b = broker_with(lambda _: b'{"v": 1, "found": true, "deviceIDs": ["hca-0001"], "via": "Get"}\n')
+    grant = grants_client.query(net(b.path), "team-a", "trainer", "uid-1")
+    assert (grant.found, grant.device_ids, grant.via) == (True, ["hca-0001"], "Get")
+    assert b.requests == [{"v": 1, "podResourcesSocket": "/var/lib/kubelet/pod-resources/kubelet.sock",
+                           "namespace": "team-a", "name": "trainer", "uid": "uid-1",
+                           "resourceName": "rdma/hca", "timeoutMs": 300}]
+
+
+@pytest.mark.parametrize("answer,words", [
+    (b'{"v": 1, "error": "unreachable", "msg": "no kubelet at /x"}\n', "unreachable: no kubelet at /x"),
+    (b'{"v": 1, "error": "timeout", "msg": "kubelet took longer than 300 ms"}\n', "timeout"),
+    (b"not json\n", "no JSON answer"),
+    (b"[1, 2]\n", "no JSON answer"),
+    (b'{"v": 1, "found": true, "deviceIDs": [1, 2]}\n', "malformed device list"),
+    (None, "no JSON answer"),  # the broker hung up without a word
+])
+def test_broker_failures_are_107_with_the_reason(broker_with, answer, words):
+    b = broker_with(lambda _: answer)
+    with pytest.raises(CniError) as err:
+        grants_client.query(net(b.path), "ns", "pod", "")
+    assert err.value.code == 107 and words in err.value.msg
+
+
+def test_a_silent_broker_times_out(broker_with):
+    b = broker_with(lambda _: (time.sleep(2), None)[1])
+    started = time.monotonic()
+    with pytest.raises(CniError) as err:
+        grants_client.query(net(b.path, timeout_ms=100), "ns", "pod", "")
+    assert err.value.code == 107 and "did not answer" in err.value.msg
+    assert time.monotonic() - started < 1.0
+
+
+def test_oversized_answer_is_refused(broker_with):
+    b = broker_with(lambda _: b"[" + b"1," * (grants_client.MAX_ANSWER // 2 + 10) + b"1]\n")
+    with pytest.raises(CniError) as err:
+        grants_client.query(net(b.path), "ns", "pod", "")
+    assert err.value.code == 107 and "oversized" in err.value.msg
+
+
+def test_no_broker_means_asking_kubelet_directly(tmp_path):
+    """No broker socket: the plugin asks kubelet itself, here a kubelet that is not there either."""
+    conf = net(str(tmp_path / "absent.sock"))
+    conf["podResourcesSocket"] = str(tmp_path / "no-kubelet.sock")
+    with pytest.raises(CniError) as err:
+        grants_client.query(conf, "ns", "pod", "")
+    assert err.value.code == 107 and "unreachable" in err.value.msg and "no-kubelet.sock" in err.value.msg
+
+
+def test_pairing_rules():
+    env = CniEnv("ADD", "c1", "/var/run/netns/p", "eth0", {"IgnoreUnknown": "1"})
+    assert pairing.granted(env, {"resourceName": None}) is None
+    with pytest.raises(CniError) as err:
+        pairing.granted(env, net("/nonexistent"))
+    assert err.value.code == 4
+    none = grants_client.Grant(True, [], "Get")
+    some = grants_client.Grant(True, ["hca-0000"], "Get")
+    assert pairing.attaches_nothing(none, chained=True, resource="rdma/hca")
+    assert not pairing.attaches_nothing(some, chained=False, resource="rdma/hca")
+    assert not pairing.attaches_nothing(None, chained=False, resource="rdma/hca")
+    with pytest.raises(CniError) as err:
+        pairing.attaches_nothing(none, chained=False, resource="rdma/hca")
+    assert err.value.code == 108
