@@ -312,6 +312,6 @@ def test_cni_args_pod_identity_reaches_kubelet_verbatim(node, kubelet):
 
 def test_status_says_when_kubelet_is_not_there(node, kubelet, short_tmp):
     node.cni("STATUS", paired(node, kubelet, version="1.1.0"), None, netns="", container_id="").ok()
-    gone = paired(node, kubelet, version="1.1.0", podResourcesSocket=str(short_tmp / "no-kubelet.sock"))
+    gone = dict(paired(node, kubelet, version="1.1.0"), podResourcesSocket=str(short_tmp / "no-kubelet.sock"))
     err = node.cni("STATUS", gone, None, netns="", container_id="").error(50)
     assert "no-kubelet.sock" in err["msg"]
