@@ -504,7 +504,8 @@ disabled_plugins = [
         found += [f"shim socket {self._shim_socket(sid)}" for sid in self.sandboxes if self._shim_socket(sid).exists()]
         if LIBCNI_CACHE.exists():
             found += [f"libcni cache {p}" for n in self.networks for p in LIBCNI_CACHE.glob(f"{n.name}-*")]
-        found += [f"cgroup {p}" for p in _namespace_cgroups() if p.exists() and not self._run_dirs_existed.get(p, False)]
+        # Another rig may be using the k8s.io parent right now: only this rig's pods count.
+        found += [f"cgroup {p / sid}" for p in _namespace_cgroups() for sid in self.sandboxes if (p / sid).exists()]
         return found
 
     def mounts(self) -> list[str]:
