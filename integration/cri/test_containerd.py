@@ -181,6 +181,9 @@ def test_containerd_restart_keeps_pods_then_removal_leaves_nothing(rig):
     adds = [c for c in rig.calls() if c.command == "ADD" and c.env.get("CNI_CONTAINERID") in sandboxes]
     assert len(adds) == 3, "a restart must not ADD again"
     remove_all(rig, sandboxes)
+    for sid in sandboxes:
+        dels = [c for c in rig.calls_for(sid) if c.command == "DEL"]
+        assert len(dels) >= 2 and all(c.rc == 0 for c in dels), [(c.env["CNI_NETNS"], c.rc, c.stdout) for c in dels]
     assert_clean(rig, net, sandboxes)
 
 
