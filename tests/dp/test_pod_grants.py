@@ -180,7 +180,7 @@ def test_slow_kubelet_is_a_timeout_in_time(shared):
     answer = shared.ask("p", timeout_ms=300)
     elapsed = time.monotonic() - started
     assert answer["error"] == "timeout", answer
-    assert 0.29 <= elapsed < 0.3 + 0.3, elapsed
+    assert 0.29 <= elapsed < 0.3 + 0.6, elapsed  # far from the 2 s kubelet would take; slack for load
     shared.pod_resources.delay = 0.0
     assert shared.ask("p")["found"] is True
 
@@ -243,7 +243,7 @@ def test_32_concurrent_requests_are_all_answered(shared):
             assert answer == {"v": 1, "found": False, "via": "Get"}
         else:
             assert answer == {"v": 1, "found": True, "deviceIDs": sorted(expected[name]), "via": "Get"}
-    assert elapsed < 0.3 * 32 / 4, f"32 requests took {elapsed:.2f} s: not served concurrently"
+    assert elapsed < 0.3 * 32 / 2, f"32 requests took {elapsed:.2f} s: not served concurrently (9.6 s serially)"
 
 
 # --- the socket's life -----------------------------------------------------------------------

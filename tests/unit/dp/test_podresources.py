@@ -109,7 +109,7 @@ def test_slow_kubelet_is_a_timeout_within_the_deadline(kubelet):
         ask(kubelet, timeout=0.3)
     elapsed = time.monotonic() - started
     assert err.value.kind == "timeout"
-    assert 0.29 <= elapsed < 0.6, elapsed
+    assert 0.29 <= elapsed < 0.9, elapsed  # well before the 1.5 s the kubelet would take
 
 
 def test_the_deadline_covers_get_and_list_together(kubelet):
