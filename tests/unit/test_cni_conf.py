@@ -247,6 +247,21 @@ def test_a_single_plugin_conf_becomes_a_conflist_and_comes_back(node: Node):
     assert conf.read_text() == SINGLE_CONF and stat.S_IMODE(conf.stat().st_mode) == 0o600
 
 
+def test_a_conf_that_cannot_become_the_first_conflist_is_left_alone(node: Node):
+    """As <stem>.conflist it must still sort first, and it must not replace someone's file."""
+    node.write_primary("10-mynet.conf", SINGLE_CONF)
+    node.write_primary("10-mynet.conf-extra.json", SINGLE_CONF.replace("mynet", "extra"))  # '-' < 'l'
+    out = node.insert(check=False)
+    assert out.returncode == 1 and "would sort after 10-mynet.conf-extra.json" in out.stderr
+    (node.conf / "10-mynet.conf-extra.json").unlink()
+    node.write_primary("10-mynet.conflist", FLANNEL)
+    out = node.insert(check=False)
+    assert out.returncode == 1 and "10-mynet.conflist, which exists" in out.stderr
+    assert node.listing() == ["10-mynet.conf", "10-mynet.conflist"]
+    assert (node.conf / "10-mynet.conf").read_text() == SINGLE_CONF
+    assert (node.conf / "10-mynet.conflist").read_text() == FLANNEL
+
+
 def test_the_cni_writing_its_conf_again_is_converted_again(node: Node):
     node.write_primary("10-mynet.conf", SINGLE_CONF)
     node.insert()
