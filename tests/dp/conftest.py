@@ -108,7 +108,9 @@ class Host:
     def base_args(self) -> list[str]:
         return ["--kubelet-dir", str(self.kubelet_dir), "--sysfs-root", str(self.fake.sys),
                 "--dev-root", self.dev_root, "--health-interval", str(INTERVAL),
-                "--health-file", str(self.health_file)]
+                "--health-file", str(self.health_file),
+                # Never the node's default grants socket: test daemons are killed, not stopped.
+                "--pod-grants-socket", str(self.base / "pg.sock")]
 
     def write_config(self, content: dict | str, name: str = "config.yaml") -> Path:
         path = self.base / name

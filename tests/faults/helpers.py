@@ -82,7 +82,8 @@ def ipam_leases(node) -> dict[str, str]:
 def state_files(node) -> dict[str, str]:
     """The attachment state (not the lock stripes, the verified-config cache, or the markers of
     released attachments, which only make repeated DELs cheap and expire by themselves)."""
-    return tree(node.state_dir, skip=("locks", "verified-configs", "rdmanet/released"))
+    return {name: content for name, content in tree(node.state_dir, skip=("locks", "verified-configs")).items()
+            if name.split("/")[1:2] != ["released"]}
 
 
 def snapshot(node, pods: list[str] = ()) -> dict:

@@ -51,8 +51,8 @@ def crash(node, conf: dict, pod: str, point: str) -> dict:
     result = node.cni("ADD", conf, pod, extra_env={"RDMA_NETNS_FAULT_AT": point})
     assert killed_by_sigkill(result), f"not killed at {point}: exit {result.code} {result.stdout} {result.stderr}"
     assert result.stdout == "", "a killed plugin printed a result"
-    files = list((Path(node.state_dir) / "rdmanet").iterdir())
-    assert [f.name for f in files] == ["c1:net1.json"], files
+    files = list((Path(node.state_dir) / "rdmanet").glob("*.json"))
+    assert [f.name for f in files] == [f"c1:{conf['rails'][0]['ifname']}.json"], files  # CNI_IFNAME: rail 0's name
     state = json.loads(files[0].read_text())
     assert state["phase"] == ("ready" if point == "before-result" else "adding"), state
     leases, links = expected_progress(point)
@@ -103,7 +103,7 @@ def test_gc_keeps_a_listed_crashed_attachment_and_cleans_it_once_unlisted(node, 
     node.cni("VERSION", conf).ok()
     before = snapshot(node, [pod])
     crash(node, conf, pod, "attached-0")
-    node.cni("GC", dict(conf, **{"cni.dev/valid-attachments": [{"containerID": "c1", "ifname": "net1"}]})).ok()
+    node.cni("GC", dict(conf, **{"cni.dev/valid-attachments": [{"containerID": "c1", "ifname": conf["rails"][0]["ifname"]}]})).ok()
     assert len(ipam_leases(node)) == 2 and len(rail_links(node, pod)) == 1
     node.cni("GC", dict(conf, **{"cni.dev/valid-attachments": []})).ok()
     assert_same(node, before, [pod])

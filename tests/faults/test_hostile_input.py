@@ -195,7 +195,7 @@ def test_ipam_config_refused_on_add_and_del_leaves_no_state(node, bad):
     before = snapshot(node, [pod])
     node.cni("ADD", conf, pod).error(105)
     del_result = node.cni("DEL", conf, pod)
-    for f in (Path(node.state_dir) / "rdmanet").iterdir():  # leave the node clean either way
+    for f in (Path(node.state_dir) / "rdmanet").glob("*.json"):  # leave the node clean either way
         f.unlink()
     assert del_result.code == 0, f"the runtime's DEL cannot finish: {del_result.stdout}"
     assert_same(node, before, [pod])
@@ -316,7 +316,8 @@ def test_device_id_of_a_nic_that_is_not_a_rail_is_refused(node, tmp_path):
     # and naming a rail narrows the attachment to it
     ok = node.cni("ADD", dict(conf, runtimeConfig={"deviceID": "0000:bb:00.0"}), pod, plugin=plugin).ok()
     assert host_link(node, "rail1") is None and host_link(node, "rail0") is not None
-    assert [i["name"] for i in ok["interfaces"]] == ["rdma1"]
+    # the pod's only network: its one rail is named CNI_IFNAME (rail 0's name here), as a CRI needs
+    assert [i["name"] for i in ok["interfaces"]] == ["rdma0"]
     node.cni("DEL", conf, pod, plugin=plugin).ok()
     assert_same(node, before, [pod])
 
