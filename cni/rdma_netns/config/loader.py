@@ -9,6 +9,9 @@ once, stores the normalised result under the state folder keyed by the SHA-256 o
 
 from __future__ import annotations
 
+import fcntl
+import os
+
 from rdma_netns import __version__, fsutil, jsonio
 from rdma_netns.kernel.inet import Prefix
 from rdma_netns.spec import versions
@@ -94,18 +97,47 @@ def _validated_network(raw: dict) -> dict:
     digest = sha256(f"{__version__}\n{_canonical(identity)}".encode()).hexdigest()
     state_dir = raw.get("stateDir", DEFAULT_STATE_DIR)
     cache_dir = f"{state_dir}/{CACHE_FOLDER}" if isinstance(state_dir, str) and state_dir.startswith("/") else None
-    if cache_dir:
-        cached = fsutil.read_json(f"{cache_dir}/{digest}.json")
+    if not cache_dir:
+        return validate_with_model(identity)
+    path = f"{cache_dir}/{digest}.json"
+    cached = fsutil.read_json(path)
+    if isinstance(cached, dict):
+        return cached
+    # A new config meets a burst of pods: one process validates (~0.15 s of CPU) while the others
+    # wait for its verdict, instead of every one of them importing pydantic on a busy node.
+    with _CacheFillLock(state_dir, cache_dir):
+        cached = fsutil.read_json(path)
         if isinstance(cached, dict):
             return cached
-    net = validate_with_model(identity)
-    if cache_dir:
+        net = validate_with_model(identity)
         try:
-            fsutil.ensure_private_dir(cache_dir)
-            fsutil.write_json_atomic(f"{cache_dir}/{digest}.json", net)
+            fsutil.write_json_atomic(path, net)
         except OSError:
             pass  # the cache is an optimisation; an unwritable state folder is reported by ADD itself
     return net
+
+
+class _CacheFillLock:
+    """flock on <stateDir>/locks/verified-configs.fill (beside the attachment lock stripes);
+    without usable folders it is a no-op (every process then validates for itself)."""
+
+    def __init__(self, state_dir: str, cache_dir: str) -> None:
+        self.fd = -1
+        try:
+            fsutil.ensure_private_dir(cache_dir)
+            fsutil.ensure_private_dir(f"{state_dir}/locks")
+            self.fd = os.open(f"{state_dir}/locks/{CACHE_FOLDER}.fill",
+                              os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError:
+            return
+
+    def __enter__(self) -> None:
+        if self.fd >= 0:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
 
 
 def _canonical(value: object) -> str:
