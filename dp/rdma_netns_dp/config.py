@@ -86,7 +86,7 @@ class DevicePluginConfig(_Strict):
     registration: Literal["kubelet", "watcher"] = "kubelet"
     healthFile: str | None = "/run/rdma-netns-dp/health.json"
     # The grants broker's socket (pod_grants.py), which the CNI asks instead of kubelet; "" = off.
-    podGrantsSocket: str = "/run/rdma-netns-dp/pod-grants.sock"
+    podGrantsSocket: str = "/run/rdma-netns/pod-grants.sock"
     ensureKernelMode: bool = False
     cdi: CdiConfig = Field(default_factory=CdiConfig)
     resources: list[ResourceConfig] = Field(default_factory=lambda: [ResourceConfig()])

@@ -39,7 +39,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="RDMA for non-hostNetwork pods: set the kernel's RDMA netns mode if it can be")
     serve.add_argument("--pod-grants-socket", dest="podGrantsSocket",
                        help="the grants broker's socket the CNI asks which devices kubelet gave a pod "
-                            "(default /run/rdma-netns-dp/pod-grants.sock; \"\" turns it off)")
+                            "(default /run/rdma-netns/pod-grants.sock; \"\" turns it off)")
     serve.add_argument("--cni-state-dir", dest="cniStateDir", help="the CNI plugin's state folder")
     serve.add_argument("--sysfs-root", dest="sysfsRoot", help=argparse.SUPPRESS)
     serve.add_argument("--dev-root", dest="devRoot", help=argparse.SUPPRESS)

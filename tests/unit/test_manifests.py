@@ -297,6 +297,13 @@ def test_the_daemon_can_reach_every_path_its_config_uses():
     # The CNI state folder is the plugin's default, which is what the conflist uses.
     conflist = json.loads(configmap()["data"]["rdma-netns.conflist"])
     assert all(p.get("stateDir", config.cniStateDir) == config.cniStateDir for p in conflist["plugins"])
+    # Pairing: the broker socket the chained entry names is the daemon's, at the same host path (the
+    # CNI plugin runs on the host), and kubelet's PodResources socket is reachable from the daemon.
+    entry = json.loads(configmap()["data"]["rdma-netns-chained-entry.json"])
+    assert entry["podGrantsSocket"] == config.podGrantsSocket
+    assert host_path(config.podGrantsSocket) == config.podGrantsSocket
+    assert not mount_of(config.podGrantsSocket).get("readOnly")
+    assert host_path(entry["podResourcesSocket"]) == entry["podResourcesSocket"]
 
 
 def test_the_daemon_starts_with_the_configmap_config_and_its_probe_passes(tmp_path: Path):

@@ -21,7 +21,7 @@ from rdma_netns.spec.errors import DECODE_FAILURE, INVALID_CONFIG, INVALID_ENV, 
 RUNTIME_KEYS = ("args", "runtimeConfig", "prevResult", "cni.dev/valid-attachments", "cni.dev/attachments")
 DEFAULT_STATE_DIR = "/var/lib/cni/rdma-netns"
 DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
-DEFAULT_POD_GRANTS_SOCKET = "/run/rdma-netns-dp/pod-grants.sock"
+DEFAULT_POD_GRANTS_SOCKET = "/run/rdma-netns/pod-grants.sock"
 CACHE_FOLDER = "verified-configs"
 HEX = "0123456789abcdefABCDEF"
 

@@ -91,7 +91,7 @@ def test_server_answers_one_line_and_cleans_up(tmp_path):
 
 
 def test_config_key_default_off_and_checks(tmp_path):
-    assert load(None, {}).podGrantsSocket == "/run/rdma-netns-dp/pod-grants.sock"
+    assert load(None, {}).podGrantsSocket == "/run/rdma-netns/pod-grants.sock"
     assert load(None, {"podGrantsSocket": ""}).podGrantsSocket == ""
     assert load(None, {"podGrantsSocket": "/run//x/../pg.sock"}).podGrantsSocket == "/run/pg.sock"
     config = tmp_path / "c.yaml"
