@@ -17,10 +17,8 @@ DEL that comes later still succeeds, by releasing what the config says ADD would
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 import time
-from zlib import crc32
 
 from rdma_netns import fsutil
 from rdma_netns.spec.errors import IO_FAILURE, TRY_AGAIN_LATER, CniError
@@ -146,6 +144,8 @@ class StateStore:
         return sorted(out)
 
     def locked(self, container_id: str, ifname: str, timeout: float) -> AttachmentLock:
+        from zlib import crc32  # here, not at the top: an ADD that attaches nothing never locks
+
         stripe = crc32(f"{container_id}:{ifname}".encode()) % LOCK_STRIPES
         return AttachmentLock(f"{self.root}/locks/{stripe}", f"{container_id}/{ifname}", timeout)
 
@@ -163,6 +163,8 @@ class AttachmentLock:
             self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         except OSError as exc:  # read-only or full state folder, a planted symlink (ELOOP)
             raise CniError(IO_FAILURE, f"cannot open the lock file {self.path}: {exc.strerror}") from None
+        import fcntl
+
         start = time.monotonic()
         delay = 0.001
         while True:

@@ -13,6 +13,7 @@ The socket is 0600 in a folder made 0700: only root on the node may ask.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -144,9 +145,10 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 class PodGrantsServer:
     """The broker: start() binds and serves in a thread, stop() ends it and removes the socket."""
 
-    def __init__(self, socket_path: str, query: Query = podresources.pod_device_ids) -> None:
+    def __init__(self, socket_path: str, query: Query | None = None) -> None:
         self.socket_path = socket_path
-        self.query = query
+        self.channels = podresources.ChannelPool()
+        self.query = query or functools.partial(podresources.pod_device_ids, pool=self.channels)
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the socket we made
@@ -194,6 +196,7 @@ class PodGrantsServer:
         server.server_close()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        self.channels.close()
         try:
             st = os.stat(self.socket_path)
             if stat.S_ISSOCK(st.st_mode) and (st.st_dev, st.st_ino) == self._identity:

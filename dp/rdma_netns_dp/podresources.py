@@ -15,6 +15,7 @@ answer (found False), not a failure.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -40,46 +41,96 @@ class PodResourcesUnavailable(Exception):
         self.message = message
 
 
+class ChannelPool:
+    """One open channel per kubelet socket, for a long-lived caller (the grants broker): setting a
+    channel up costs several milliseconds, more than the query itself. A channel that finds kubelet
+    unreachable is dropped, so a restarted kubelet is dialled afresh instead of through gRPC's
+    reconnect back-off."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._channels: dict[str, object] = {}
+
+    def get(self, path: str):
+        with self._lock:
+            channel = self._channels.get(path)
+            if channel is None:
+                channel = self._channels[path] = _new_channel(path)
+            return channel
+
+    def drop(self, path: str, channel: object) -> None:
+        with self._lock:
+            if self._channels.get(path) is channel:
+                del self._channels[path]
+        channel.close()  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        with self._lock:
+            channels, self._channels = list(self._channels.values()), {}
+        for channel in channels:
+            channel.close()  # type: ignore[attr-defined]
+
+
+def _new_channel(path: str):
+    import grpc
+
+    return grpc.insecure_channel(f"unix://{path}", options=[
+        ("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.enable_retries", 0)])
+
+
 def pod_device_ids(socket_path: str, namespace: str, name: str, resource: str,
-                   timeout: float) -> PodGrant:
+                   timeout: float, pool: ChannelPool | None = None) -> PodGrant:
     """The device IDs of `resource` granted to pod namespace/name, from every container (init
-    containers too); `timeout` (seconds) bounds the whole exchange, List fallback included."""
+    containers too); `timeout` (seconds) bounds the whole exchange, List fallback included.
+    With a `pool`, its open channel is used (and dialled again once if kubelet restarted)."""
     if timeout <= 0:
         raise ValueError(f"timeout must be positive, got {timeout!r}")
     deadline = time.monotonic() + timeout
     path = os.path.abspath(socket_path)
     if not os.path.exists(path):  # the cheap, common case of "no kubelet here": no grpc import
         raise PodResourcesUnavailable("unreachable", f"no kubelet PodResources socket at {path}")
+    if pool is None:
+        channel = _new_channel(path)
+        try:
+            return _ask(channel, path, namespace, name, resource, deadline)
+        finally:
+            channel.close()
+    channel = pool.get(path)
+    try:
+        return _ask(channel, path, namespace, name, resource, deadline)
+    except PodResourcesUnavailable as exc:
+        pool.drop(path, channel)
+        if exc.kind != "unreachable" or deadline - time.monotonic() <= 0:
+            raise
+    return _ask(pool.get(path), path, namespace, name, resource, deadline)
 
+
+def _ask(channel, path: str, namespace: str, name: str, resource: str, deadline: float) -> PodGrant:
+    """Get, or List on kubelets without Get (older than 1.27, or the gate off)."""
     import grpc
 
     from rdma_netns_dp.api.podresources.v1 import api_pb2, api_pb2_grpc
 
-    channel = grpc.insecure_channel(f"unix://{path}", options=[
-        ("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.enable_retries", 0)])
+    stub = api_pb2_grpc.PodResourcesListerStub(channel)
     try:
-        stub = api_pb2_grpc.PodResourcesListerStub(channel)
-        try:
-            answer = stub.Get(api_pb2.GetPodResourcesRequest(pod_name=name, pod_namespace=namespace),
-                              timeout=_remaining(deadline))
-            return PodGrant(True, _device_ids([answer.pod_resources], resource), "Get")
-        except grpc.RpcError as exc:
-            code, details = exc.code(), exc.details() or ""
-            if code == grpc.StatusCode.NOT_FOUND or (
-                    code == grpc.StatusCode.UNKNOWN and "not found" in details):
-                return PodGrant(False, [], "Get")
-            if not (code == grpc.StatusCode.UNIMPLEMENTED or (
-                    code == grpc.StatusCode.UNKNOWN and "disabled" in details)):
-                raise _unavailable(exc, path, "Get") from None
-        try:
-            listing = stub.List(api_pb2.ListPodResourcesRequest(), timeout=_remaining(deadline))
-        except grpc.RpcError as exc:
-            raise _unavailable(exc, path, "List") from None
-        pods = [p for p in listing.pod_resources if p.namespace == namespace and p.name == name]
-        # Without a UID in the API, two entries of one name (a pod being replaced) are merged.
-        return PodGrant(bool(pods), _device_ids(pods, resource), "List")
-    finally:
-        channel.close()
+        answer = stub.Get(api_pb2.GetPodResourcesRequest(pod_name=name, pod_namespace=namespace),
+                          timeout=_remaining(deadline))
+        return PodGrant(True, _device_ids([answer.pod_resources], resource), "Get")
+    except grpc.RpcError as exc:
+        code, details = exc.code(), exc.details() or ""
+        if code == grpc.StatusCode.NOT_FOUND or (
+                code == grpc.StatusCode.UNKNOWN and "not found" in details):
+            return PodGrant(False, [], "Get")
+        if not (code == grpc.StatusCode.UNIMPLEMENTED or (
+                code == grpc.StatusCode.UNKNOWN and "disabled" in details)):
+            raise _unavailable(exc, path, "Get") from None
+    try:
+        listing = stub.List(api_pb2.ListPodResourcesRequest(), timeout=_remaining(deadline))
+    except grpc.RpcError as exc:
+        raise _unavailable(exc, path, "List") from None
+    pods = [p for p in listing.pod_resources if p.namespace == namespace and p.name == name]
+    # Without a UID in the API, two entries of one name (a pod being replaced) are merged.
+    return PodGrant(bool(pods), _device_ids(pods, resource), "List")
 
 
 def _remaining(deadline: float) -> float:

@@ -114,6 +114,23 @@ def test_second_pod_gets_a_different_unit(shared):
     assert shared.ask("a") == {"v": 1, "found": False, "via": "Get"}
 
 
+def test_the_broker_keeps_its_channel_and_follows_a_kubelet_restart(shared):
+    """One channel per kubelet socket is kept open (its set-up costs more than a query); after a
+    kubelet restart the broker dials again at once instead of failing through gRPC's back-off."""
+    shared.start_broker("shared")
+    unit = shared.kubelet.admit_pod("ns", "trainer", {"main": {RESOURCE: 1}})["main"][RESOURCE]
+    times = []
+    for _ in range(20):
+        started = time.monotonic()
+        assert shared.ask("trainer")["deviceIDs"] == unit
+        times.append(time.monotonic() - started)
+    shared.pod_resources.close()  # kubelet restarts: its socket is gone, then back
+    assert shared.ask("trainer")["error"] == "unreachable"
+    shared.pod_resources.start()
+    assert shared.ask("trainer") == {"v": 1, "found": True, "deviceIDs": unit, "via": "Get"}
+    assert sorted(times)[10] < 0.25, f"median broker round trip {sorted(times)[10]:.3f} s"
+
+
 @pytest.mark.parametrize("get_mode", ["disabled", "unimplemented"])
 def test_older_kubelets_are_asked_with_list(get_mode):
     h = PairingHost("Y", get_mode=get_mode)

@@ -9,11 +9,9 @@ once, stores the normalised result under the state folder keyed by the SHA-256 o
 
 from __future__ import annotations
 
-import fcntl
 import os
 
 from rdma_netns import __version__, fsutil, jsonio
-from rdma_netns.kernel.inet import Prefix
 from rdma_netns.spec import versions
 from rdma_netns.spec.errors import DECODE_FAILURE, INVALID_CONFIG, INVALID_ENV, CniError
 
@@ -133,6 +131,8 @@ class _CacheFillLock:
 
     def __enter__(self) -> None:
         if self.fd >= 0:
+            import fcntl  # a cache miss only
+
             fcntl.flock(self.fd, fcntl.LOCK_EX)
 
     def __exit__(self, *exc: object) -> None:
@@ -210,6 +210,8 @@ def _runtime_config(value: object) -> RuntimeConfig:
     if ips is not None:
         if not isinstance(ips, list) or not all(isinstance(i, str) for i in ips):
             raise CniError(INVALID_CONFIG, "runtimeConfig.ips must be a list of strings")
+        from rdma_netns.kernel.inet import Prefix  # only runtimes that pin IPs pay for it
+
         for ip in ips:
             try:
                 Prefix.parse(ip)
