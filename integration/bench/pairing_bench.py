@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -97,6 +98,8 @@ def inner(args: argparse.Namespace) -> dict:
             if i:
                 for what, value in zip(("add", "del", "repeated_del"), t):
                     record(case, what, value)
+    shutil.rmtree(data_dir, ignore_errors=True)
+    shutil.rmtree(state_dir, ignore_errors=True)
     out: dict = {"iterations": args.iterations, "cases": {}}
     for case, series in times.items():
         out["cases"][case] = {f"{what}_median_ms": statistics.median(v) * 1000 for what, v in series.items()}
