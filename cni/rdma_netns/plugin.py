@@ -14,9 +14,9 @@ from _socket import AF_INET, AF_INET6
 
 from rdma_netns import addressing, faults, ipam, modes, rails
 from rdma_netns.config import loader
+from rdma_netns.grants_client import Grant
 from rdma_netns.kernel import netns, rdma_sysfs, rtnl
 from rdma_netns.kernel.netlink import NetlinkError, NetlinkSocket
-from rdma_netns.grants_client import Grant
 from rdma_netns.modes import exclusive
 from rdma_netns.spec import versions
 from rdma_netns.spec.env import CniEnv
