@@ -47,8 +47,12 @@ def run_cni(environ: dict[str, str] | None = None, stdin: bytes | None = None) -
         raw = loader.parse_json(data)
         if raw.get("cniVersion") in versions.SUPPORTED_VERSIONS:
             error_version = raw["cniVersion"]
-        cfg = loader.load(raw)
-        loader.apply_cni_args(cfg, env.args)
+        if env.command == "DEL":
+            cfg = loader.load_for_teardown(raw)  # a refused config must not stop teardown
+        else:
+            cfg = loader.load(raw)
+        if env.command != "DEL":  # DEL uses no per-call MAC; a bad one must not stop teardown
+            loader.apply_cni_args(cfg, env.args)
         if env.command == "ADD":
             from rdma_netns import pairing
 

@@ -36,7 +36,11 @@ from rdma_netns.spec.errors import (
 )
 from rdma_netns.state import StateStore
 
-STATE_FORMAT = 1
+# 2: "teardown" records the settings DEL needs (routing bases, link mode, IPAM timeout), so that
+# a DEL whose config changed or is refused undoes what ADD really did. Readers tolerate unknown
+# fields and missing ones (format 1 states fall back to the config or the defaults).
+STATE_FORMAT = 2
+TEARDOWN_KEYS = ("routeTableBase", "rulePriorityBase", "ipamTimeoutSeconds", "link", "linkMode")
 
 
 def log(message: str) -> None:
@@ -71,15 +75,33 @@ def _refuse_own_netns(fd: int, path: str) -> int:
 def _open_pod_netns_if_alive(path: str) -> int | None:
     """For teardown: the pod namespace if it still exists, else None (its links went with it).
 
-    The plugin's own namespace is refused as on ADD: teardown there would delete host interfaces
-    that happen to carry a pod-side name."""
+    Refused, as on ADD and saying why: the plugin's own namespace (teardown there would delete
+    host interfaces that happen to carry a pod-side name) and a path that is something else than
+    a network namespace (a directory, a FIFO, another kind of namespace, a file with content).
+    An empty regular file is a netns mount point whose namespace the runtime already unmounted:
+    gone, like a missing path."""
     if not path:
         return None
     try:
         fd = netns.open_netns(path)
-    except (OSError, netns.NotANetns):
+    except netns.NotANetns:
+        if _is_empty_file(path):
+            return None
+        raise CniError(INVALID_ENV, f"CNI_NETNS {path} is not a network namespace; DEL refuses to tear down "
+                       "through it") from None
+    except OSError:
         return None
     return _refuse_own_netns(fd, path)
+
+
+def _is_empty_file(path: str) -> bool:
+    """An empty regular file outside nsfs (namespace files look like empty files too)."""
+    try:
+        st = os.stat(path)
+        nsfs = os.stat("/proc/thread-self/ns/net").st_dev
+    except OSError:
+        return True
+    return stat.S_ISREG(st.st_mode) and st.st_size == 0 and st.st_dev != nsfs
 
 
 def _rail_routing(net: dict, link: rtnl.Link) -> tuple[int, int]:
@@ -147,7 +169,7 @@ def cmd_add(env: CniEnv, cfg: loader.Config, grant: Grant | None = None) -> dict
                 state = {
                     "format": STATE_FORMAT, "phase": "adding", "mode": mode.name, "link": mode.link_kind,
                     "containerID": env.container_id, "ifname": env.ifname, "netns": env.netns,
-                    "network": net["name"],
+                    "network": net["name"], "teardown": _teardown_settings(net),
                     "rails": [r.to_state() | mode.prepare(r, p) for r, p in zip(plan, parents)],
                 }
                 store.save(env.container_id, env.ifname, state)
@@ -176,6 +198,7 @@ def _add_rdma_device_only(env: CniEnv, cfg: loader.Config, store: StateStore, po
     device = _rdma_device_for_chained(cfg, granted_ids)
     state = {"format": STATE_FORMAT, "phase": "adding", "mode": "exclusive", "link": "rdma-device",
              "containerID": env.container_id, "ifname": env.ifname, "netns": env.netns, "network": cfg.net["name"],
+             "teardown": _teardown_settings(cfg.net),
              "rails": [{"ifname": env.ifname, "rdmaDevice": device, "rdmaOnly": True, "ipam": None}]}
     store.save(env.container_id, env.ifname, state)
     faults.point("state-written")
@@ -345,6 +368,29 @@ def _result(env: CniEnv, cfg: loader.Config, plan: list[rails.Rail], links: list
 # ---------------------------------------------------------------- DEL and teardown
 
 
+def _teardown_settings(net: dict) -> dict:
+    """What DEL needs of the config to undo this attachment, recorded at ADD (state format 2)."""
+    return {key: net[key] for key in TEARDOWN_KEYS}
+
+
+def _teardown_net(state: dict, net: dict) -> dict:
+    """The config as teardown sees it: the settings the state recorded at ADD win over today's
+    config (which may have changed, or be DEL's fallback for a refused config); values of the
+    wrong type (a hand-edited or foreign state) are ignored."""
+    recorded = state.get("teardown")
+    if not isinstance(recorded, dict):
+        return net
+    out = dict(net)
+    for key, default in loader.TEARDOWN_DEFAULTS.items():
+        value = recorded.get(key)
+        if key in ("link", "linkMode"):
+            if isinstance(value, str):
+                out[key] = value
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            out[key] = type(default)(value)
+    return out
+
+
 def _teardown(state: dict, env: CniEnv, cfg: loader.Config, rollback: bool = False) -> list[str]:
     """Undo an attachment from its state: pod links and rules, then every rail's IPAM allocation.
 
@@ -352,7 +398,8 @@ def _teardown(state: dict, env: CniEnv, cfg: loader.Config, rollback: bool = Fal
     A rollback (same process as the failed ADD) knows which rails reached IPAM and releases
     only those; DEL and GC release every rail (IPAM DEL of nothing is a no-op).
     """
-    mode = modes.for_state(state, cfg.net)
+    net = _teardown_net(state, cfg.net)
+    mode = modes.for_state(state, net)
     pod_fd = _open_pod_netns_if_alive(state.get("netns") or env.netns)
     errors: list[str] = []
     host_fd = netns.current_netns_fd()
@@ -361,7 +408,7 @@ def _teardown(state: dict, env: CniEnv, cfg: loader.Config, rollback: bool = Fal
             with netns.inside(pod_fd), NetlinkSocket() as pod_sock:
                 for rail in state["rails"]:
                     try:
-                        _detach_rail(pod_sock, mode, rail, cfg.net, host_fd)
+                        _detach_rail(pod_sock, mode, rail, net, host_fd)
                     except (OSError, CniError) as exc:
                         errors.append(f"{rail['ifname']}: {getattr(exc, 'msg', exc)}")
         with NetlinkSocket() as host_sock:
@@ -377,10 +424,10 @@ def _teardown(state: dict, env: CniEnv, cfg: loader.Config, rollback: bool = Fal
         if not rail.get("ipam") or (rollback and not rail.get("ipamStarted")):
             continue
         try:
-            ipam.invoke("DEL", ipam=rail["ipam"], network=state.get("network", cfg.net["name"]),
+            ipam.invoke("DEL", ipam=rail["ipam"], network=state.get("network", net["name"]),
                         cni_version=cfg.cni_version, container_id=state.get("containerID", env.container_id),
                         netns=state.get("netns") or env.netns, ifname=rail["ifname"], cni_path=env.path,
-                        timeout=cfg.net["ipamTimeoutSeconds"])
+                        timeout=net["ipamTimeoutSeconds"])
         except CniError as exc:
             if rollback and rail.get("ipamRefused"):
                 log(f"IPAM DEL after a refused IPAM ADD failed too (ignored): {exc.msg}")
@@ -428,15 +475,24 @@ def _remove_orphan_rules(pod_sock: NetlinkSocket, rail: dict, net: dict) -> None
 
 def cmd_del(env: CniEnv, cfg: loader.Config) -> None:
     net = cfg.net
+    # The runtime's CNI_NETNS is refused when unsafe even though teardown follows the state's path.
+    fd = _open_pod_netns_if_alive(env.netns)
+    if fd is not None:
+        os.close(fd)
     store = StateStore(net["stateDir"], net["name"])
     store.prepare()
     with store.locked(env.container_id, env.ifname, net["lockTimeoutSeconds"]):
         state = store.load(env.container_id, env.ifname)
+        if cfg.refused is not None:
+            log(f"DEL of {env.container_id}/{env.ifname} with a config ADD would refuse ({cfg.refused}): "
+                + ("tearing down from the attachment's state" if state is not None
+                   else "no state, so nothing of this attachment is known to release"))
         if state is None:
             if store.is_released(env.container_id, env.ifname):
                 return  # a repeated DEL (containerd sends two or three): everything is released
-            for err in _teardown(_state_from_config(env, cfg), env, cfg):
-                log(f"DEL without state, ignored: {err}")
+            if cfg.refused is None:  # a refused config cannot say what ADD would have taken
+                for err in _teardown(_state_from_config(env, cfg), env, cfg):
+                    log(f"DEL without state, ignored: {err}")
         else:
             _teardown_or_raise(state, env, cfg)
         store.mark_released(env.container_id, env.ifname)

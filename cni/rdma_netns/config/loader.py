@@ -21,6 +21,15 @@ DEFAULT_STATE_DIR = "/var/lib/cni/rdma-netns"
 DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 DEFAULT_POD_GRANTS_SOCKET = "/run/rdma-netns/pod-grants.sock"
 CACHE_FOLDER = "verified-configs"
+# The verified-config cache holds one file per (config digest, plugin version); containerd 1.6
+# never sends GC, so a node whose configs change (rollouts, hand edits) would grow it for ever.
+# A cache miss (rare: a new config) keeps only the CACHE_KEEP most recent files by mtime.
+CACHE_KEEP = 32
+# What teardown needs when the config cannot be validated and an old state did not record it:
+# the model's defaults (model.py takes them from here, so the two cannot drift apart).
+TEARDOWN_DEFAULTS = {"routeTableBase": 100, "rulePriorityBase": 1000, "ipamTimeoutSeconds": 30.0,
+                     "lockTimeoutSeconds": 10.0, "link": "macvlan", "linkMode": None}
+NETWORK_NAME_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-"
 HEX = "0123456789abcdefABCDEF"
 
 try:  # the C sha256 without hashlib's OpenSSL loading (about 3 ms at start-up)
@@ -54,14 +63,17 @@ class RuntimeConfig:
 class Config:
     """One invocation's config: the validated network plus the runtime's per-call keys."""
 
-    __slots__ = ("net", "cni_version", "runtime", "prev_result", "args", "valid_attachments")
+    __slots__ = ("net", "cni_version", "runtime", "prev_result", "args", "valid_attachments", "refused")
 
     def __init__(self, net: dict, cni_version: str, runtime: RuntimeConfig, prev_result: dict | None,
-                 args: dict | None, valid_attachments: set[tuple[str, str]] | None) -> None:
+                 args: dict | None, valid_attachments: set[tuple[str, str]] | None,
+                 refused: str | None = None) -> None:
         self.net, self.cni_version, self.runtime = net, cni_version, runtime
         self.prev_result, self.args = prev_result, args
         # GC: the (containerID, ifname) pairs still in use; None when the runtime sent no list.
         self.valid_attachments = valid_attachments
+        # DEL only: why the config would be refused on ADD; net then holds teardown settings only.
+        self.refused = refused
 
 
 def parse_json(data: bytes) -> dict:
@@ -88,6 +100,48 @@ def load(raw: dict) -> Config:
     )
 
 
+def load_for_teardown(raw: dict) -> Config:
+    """DEL's config: the validated one when it passes, else just enough to find the state.
+
+    A failed DEL wedges the pod (containerd 1.6 keeps the sandbox UNKNOWN and never runs the
+    primary plugin's DEL), so a config this version would refuse on ADD (a newer version's key
+    after a rollback, a hand edit, a value out of range) must not stop teardown: the attachment's
+    own state says what to undo. Only the two values that locate the state are checked, and
+    only for what would be unsafe (a network name or stateDir that leaves the state folder).
+    """
+    try:
+        return load(raw)
+    except CniError as exc:
+        if exc.code != INVALID_CONFIG:
+            raise
+        refused = exc.msg
+    version = versions.require_supported(raw.get("cniVersion", ""))
+    try:
+        runtime = _runtime_config(raw.get("runtimeConfig"))
+    except CniError:
+        runtime = RuntimeConfig()  # teardown never uses the runtime's per-call values
+    net = teardown_network(raw)
+    return Config(net=net, cni_version=version, runtime=runtime, prev_result=None, args=None,
+                  valid_attachments=None, refused=refused)
+
+
+def teardown_network(raw: dict) -> dict:
+    """The network name and stateDir from an unvalidated config, checked as the model would,
+    plus the teardown defaults (the state's own recorded settings take precedence in plugin.py)."""
+    name = raw.get("name")
+    if not isinstance(name, str) or not 0 < len(name) <= 128 or name[0] in "_.-" \
+            or not all(c in NETWORK_NAME_CHARS for c in name):
+        raise CniError(INVALID_CONFIG, f"invalid network config: name {str(name)[:80]!r} is not a network name; "
+                       "DEL cannot find this network's state")
+    state_dir = raw.get("stateDir", DEFAULT_STATE_DIR)
+    if not isinstance(state_dir, str) or not state_dir.startswith("/") or "\0" in state_dir \
+            or ".." in state_dir.split("/"):
+        raise CniError(INVALID_CONFIG, f"invalid network config: stateDir {str(state_dir)[:80]!r} is not an "
+                       "absolute path without '..'; DEL cannot find this network's state")
+    return dict(TEARDOWN_DEFAULTS, name=name, stateDir=state_dir, mode="auto", rails=None, ipam=None,
+                resourceName=None)
+
+
 def _validated_network(raw: dict) -> dict:
     identity = {k: v for k, v in raw.items() if k not in RUNTIME_KEYS}
     # The version is part of the key: an upgrade that adds keys or changes defaults must not be
@@ -112,7 +166,23 @@ def _validated_network(raw: dict) -> dict:
             fsutil.write_json_atomic(path, net)
         except OSError:
             pass  # the cache is an optimisation; an unwritable state folder is reported by ADD itself
+        else:
+            expire_cache(cache_dir, CACHE_KEEP)
     return net
+
+
+def expire_cache(cache_dir: str, keep: int) -> None:
+    """Keep the `keep` most recently written verdicts (runs on a cache miss only, under the fill
+    lock). A dropped verdict costs its config one more validation, never a wrong answer."""
+    try:
+        entries = [e for e in os.scandir(cache_dir) if e.name.endswith(".json")]
+        if len(entries) <= keep:
+            return
+        entries.sort(key=lambda e: e.stat(follow_symlinks=False).st_mtime, reverse=True)
+        for entry in entries[keep:]:
+            os.unlink(entry.path)
+    except OSError:
+        pass
 
 
 class _CacheFillLock:

@@ -16,6 +16,7 @@ from rdma_netns.config.loader import (
     DEFAULT_POD_RESOURCES_SOCKET,
     DEFAULT_STATE_DIR,
     RUNTIME_KEYS,
+    TEARDOWN_DEFAULTS,
 )
 from rdma_netns.spec.env import valid_ifname
 
@@ -86,10 +87,11 @@ class NetConf(Strict):
     ipam: Ipam | None = None
     requireRdma: bool = True
     gidWaitMs: int = Field(default=500, ge=0, le=30000)
-    routeTableBase: int = Field(default=100, ge=1, le=2**31 - 64)
-    rulePriorityBase: int = Field(default=1000, ge=1, le=32000)
-    ipamTimeoutSeconds: float = Field(default=30.0, gt=0, le=600)
-    lockTimeoutSeconds: float = Field(default=10.0, gt=0, le=600)
+    # Defaults shared with DEL's fallback for a config it cannot validate (loader.TEARDOWN_DEFAULTS).
+    routeTableBase: int = Field(default=TEARDOWN_DEFAULTS["routeTableBase"], ge=1, le=2**31 - 64)
+    rulePriorityBase: int = Field(default=TEARDOWN_DEFAULTS["rulePriorityBase"], ge=1, le=32000)
+    ipamTimeoutSeconds: float = Field(default=TEARDOWN_DEFAULTS["ipamTimeoutSeconds"], gt=0, le=600)
+    lockTimeoutSeconds: float = Field(default=TEARDOWN_DEFAULTS["lockTimeoutSeconds"], gt=0, le=600)
     mtu: int | None = Field(default=None, ge=1280, le=65535)
     stateDir: str = DEFAULT_STATE_DIR
     dns: dict[str, Any] | None = None
