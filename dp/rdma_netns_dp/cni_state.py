@@ -3,7 +3,7 @@
 In exclusive mode a device in a pod's namespace disappears from the node's sysfs. Without this
 the device plugin would report an allocated device as removed, and kubelet would lower the
 node's capacity while the pod is using it. The CNI plugin records every move before it makes it
-(<stateDir>/<network>/<containerID>:<ifname>.json, "rails": [{"rdmaDevice": ...}]).
+(<stateDir>/<network>/<containerID>:<ifname>.json, "rails": [{"rdmaDevice": ...}], "netns": ...).
 """
 
 from __future__ import annotations
@@ -13,7 +13,13 @@ import os
 
 
 def devices_in_pods(state_dir: str) -> set[str]:
-    found: set[str] = set()
+    return set(device_netns(state_dir))
+
+
+def device_netns(state_dir: str) -> dict[str, str]:
+    """Device name -> the pod's netns path ("" when the state has none): where to ask the kernel
+    for the device's char devices while it is away (away.py)."""
+    found: dict[str, str] = {}
     try:
         networks = os.listdir(state_dir)
     except OSError:
@@ -36,7 +42,8 @@ def devices_in_pods(state_dir: str) -> set[str]:
                 continue
             if not isinstance(state, dict) or state.get("mode") == "shared":
                 continue
+            netns = state.get("netns") if isinstance(state.get("netns"), str) else ""
             for rail in state.get("rails") or []:
                 if isinstance(rail, dict) and isinstance(rail.get("rdmaDevice"), str):
-                    found.add(rail["rdmaDevice"])
+                    found[rail["rdmaDevice"]] = netns
     return found

@@ -8,11 +8,12 @@ import logging
 import os
 import threading
 import time
+from dataclasses import replace
 
-from rdma_netns_dp import cdi, kernel_mode
-from rdma_netns_dp.cni_state import devices_in_pods
+from rdma_netns_dp import away, cdi, kernel_mode
+from rdma_netns_dp.cni_state import device_netns
 from rdma_netns_dp.config import DevicePluginConfig
-from rdma_netns_dp.discovery import Sysfs
+from rdma_netns_dp.discovery import RdmaDevice, Sysfs, fresh_char_devices
 from rdma_netns_dp.inventory import Pool
 from rdma_netns_dp.pod_grants import PodGrantsServer
 from rdma_netns_dp.resource_plugin import ResourcePlugin
@@ -31,6 +32,9 @@ class Daemon:
                                        config.cdi.enabled, config.registration) for pool in self.pools]
         self._last_blocked: str | None = None
         self.pod_grants: PodGrantsServer | None = None
+        # exclusive + CDI: each device as last seen on the host, and, while it is away in a pod,
+        # with the char devices the kernel gives it there (the CDI entry stays and follows them)
+        self._last_seen: dict[str, RdmaDevice] = {}
 
     def poll(self) -> None:
         """One discovery pass; cheap (a few sysfs reads per device)."""
@@ -40,24 +44,53 @@ class Daemon:
             (log.error if blocked else log.info)(blocked or "kernel RDMA netns mode now matches",
                                                  extra={"mode": self.mode})
             self._last_blocked = blocked
-        in_pods: set[str] = set()
+        in_pods: dict[str, str] = {}
         if self.mode == "exclusive":
             present = {d.name for d in devices}
             if any(name not in present for pool in self.pools for name in pool.known_names()):
-                in_pods = devices_in_pods(self.config.cniStateDir)
+                in_pods = device_netns(self.config.cniStateDir)
+            if self.config.cdi.enabled:
+                for d in devices:
+                    self._last_seen[d.name] = d
         for pool in self.pools:
-            if pool.update(devices, in_pods, blocked):
+            if pool.update(devices, set(in_pods), blocked):
                 _, units = pool.snapshot()
                 log.info("devices", extra={"resource": pool.resource.name, "devices": len(units),
                                            "healthy": sum(u.healthy for u in units),
                                            "rdma_devices": [d.name for d in pool.devices],
                                            "in_pods": sorted(pool.in_pods), "blocked": blocked})
             if self.config.cdi.enabled:
-                spec = cdi.build_spec(pool.resource.slug, list(pool.devices), self.config.devRoot,
-                                      pool.resource.includeUmad)
+                spec = cdi.build_spec(pool.resource.slug, list(pool.devices) + self.away_devices(pool, in_pods),
+                                      self.config.devRoot, pool.resource.includeUmad)
                 if cdi.write_spec(self.config.cdi.specDir, pool.resource.slug, spec):
                     log.info("CDI spec written", extra={"path": cdi.spec_path(self.config.cdi.specDir,
                                                                               pool.resource.slug)})
+
+    def away_devices(self, pool: Pool, in_pods: dict[str, str]) -> list[RdmaDevice]:
+        """Devices of `pool` away in pods, as the CDI spec must describe them now: a container of
+        the pod is created after the move, and its runtime resolves the CDI name then. The uverbs
+        node is the one the kernel gave the device in the pod (asked there); when it cannot be
+        asked (namespace going away), the host's sysfs if it still lists it, else the last known."""
+        out = []
+        fresh = None
+        for name in sorted(pool.in_pods):
+            last = self._last_seen.get(name)
+            if last is None:
+                continue  # never seen on the host by this daemon: nothing to describe
+            found = away.uverbs_in_netns(name, in_pods.get(name, "")) if in_pods.get(name) else None
+            if found is not None:
+                uverbs = found[0]
+            else:
+                if fresh is None:
+                    fresh = fresh_char_devices(self.sysfs, sorted(pool.in_pods))
+                uverbs = fresh.get(name, (None, ()))[0] or last.uverbs
+            if uverbs is not None and uverbs != last.uverbs:
+                log.info("device away in a pod has a new uverbs node", extra={
+                    "rdma_device": name, "was": last.uverbs.name if last.uverbs else None, "now": uverbs.name})
+                last = replace(last, uverbs=uverbs)
+                self._last_seen[name] = last
+            out.append(last)
+        return out
 
     def write_health(self) -> None:
         path = self.config.healthFile

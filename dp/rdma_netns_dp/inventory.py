@@ -65,8 +65,11 @@ class Pool:
                 units_list.append(Unit(d.stable_id, blocked_reason is None and d.healthy, d.numa_node))
             present = {d.name for d in selected}
             away = frozenset(n for n in (in_pods or set()) if n in self._known and n not in present)
-            # Moved into a pod by the CNI plugin: still this node's device, in use, not removed.
-            units_list += [self._known[n] for n in sorted(away)]
+            # Moved into a pod by the CNI plugin: still this node's device, in use, not removed;
+            # Healthy by the same rule as the rest (the host cannot read its ports any more), so
+            # a wrong kernel mode makes every unit Unhealthy, away ones included.
+            units_list += [Unit(self._known[n].id, blocked_reason is None, self._known[n].numa_node)
+                           for n in sorted(away)]
             units = tuple(sorted(units_list, key=lambda u: u.id))
         with self.changed:
             self.devices = selected

@@ -4,7 +4,7 @@
 # with the command's exit code.
 #
 #   run-in-guest.sh [--timeout S] [--memory M] [--results DIR] [--rwdir DIR]...
-#                   [--net-loop] [--verbose] -- <command> [args...]
+#                   [--net-loop] [--kernel-arg ARG]... [--verbose] -- <command> [args...]
 #
 # The guest shares the host's root filesystem read-only with writable
 # copy-on-write overlays (what the guest writes is lost), except the --results
@@ -14,6 +14,9 @@
 # --net-loop gives the guest two virtio NICs joined to each other by a QEMU hub
 # and to nothing else (no host network). Unlike veth they behave as physical
 # NICs: a netns that is deleted hands them back to the initial netns.
+#
+# --kernel-arg adds one option to the guest kernel's command line (vng --append),
+# e.g. ib_core.netns_mode=0 to boot with the RDMA subsystem in exclusive mode.
 #
 # Exit codes: the command's own; 124 when --timeout (default 900 s, boot
 # included) ran out; 125 when the guest failed to boot or died before the
@@ -31,6 +34,7 @@ RESULTS=""
 VERBOSE=0
 NET_LOOP=0
 RWDIRS=()
+KERNEL_ARGS=()
 
 die() { echo "run-in-guest: ERROR: $1" >&2; exit "${2:-1}"; }
 usage() { sed -n '2,/^set -euo/{/^#/s/^# \{0,1\}//p}' "$0" >&2; exit 2; }
@@ -42,6 +46,7 @@ while [ $# -gt 0 ]; do
         --results) RESULTS=${2:?}; shift 2 ;;
         --rwdir) RWDIRS+=("${2:?}"); shift 2 ;;
         --net-loop) NET_LOOP=1; shift ;;
+        --kernel-arg) KERNEL_ARGS+=("${2:?}"); shift 2 ;;
         --verbose|-v) VERBOSE=1; shift ;;
         --) shift; break ;;
         -h|--help) usage ;;
@@ -101,6 +106,7 @@ for d in "${RWDIRS[@]}"; do VNG_ARGS+=(--rwdir="$d"); done
 # only "loop": the other vng network modes reach the host's network
 [ $NET_LOOP = 1 ] && VNG_ARGS+=(--network loop)
 [ $VERBOSE = 1 ] && VNG_ARGS+=(--verbose)
+for a in "${KERNEL_ARGS[@]}"; do VNG_ARGS+=(--append "$a"); done
 VNG_ARGS+=(--exec "bash $GUEST_SCRIPT")
 
 echo "run-in-guest: kernel $KERNEL, timeout ${TIMEOUT}s, results in $RESULTS" >&2

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from tests.dp.conftest import EXCLUSIVE_IDS, RESOURCE, SLUG, Host
+from tests.dp.conftest import EXCLUSIVE_IDS, INTERVAL, RESOURCE, SLUG, Host
 from tests.dp.test_listandwatch import NUMA
 
 ALL_NAMES = ["irdma0", "irdma1", "mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3", "mlx5_4", "mlx5_5", "rxe0"]
@@ -318,3 +318,62 @@ def test_cdi_spec_follows_uverbs_renumbering(host: Host):
     assert f"/dev/infiniband/uverbs{new}" in uverbs_in_spec(), \
         f"spec still names {uverbs_in_spec()} after mlx5_0 became uverbs{new}"
     check_spec(host, read_spec(host), ALL_NAMES)
+
+
+def test_cdi_entry_of_a_granted_device_stays_valid_while_it_is_in_a_pod(host: Host):
+    """Allocate names mlx5_1 by CDI; the CNI then moves it into the pod (its state says so) and it
+    vanishes from the host's sysfs. The container is created after that: the spec must still have
+    mlx5_1, with the uverbs node the device has now (here the host's sysfs lists it re-created as
+    another number, as kernel 7.3 does), and it must be Healthy while the kernel's mode is right,
+    Unhealthy (with every other unit) when it is not. DEL brings it back: entry as before."""
+    from rdma_netns.state import StateStore
+
+    host.fake.set_netns_mode("N")
+    state_dir = host.base / "cni-state"
+    daemon, plugin = host.start_registered("--mode", "exclusive", "--resource-name", RESOURCE,
+                                           "--cdi", "--cdi-dir", str(host.cdi_dir),
+                                           "--cni-state-dir", str(state_dir))
+    container = plugin.allocate(["0000:3b:00.0"]).container_responses[0]
+    assert [c.name for c in container.cdi_devices] == [f"rdma-netns.io/{SLUG}=mlx5_1"]
+    old = host.fake.uverbs_number("mlx5_1")
+    store = StateStore(str(state_dir), "rdma-exclusive")
+    store.prepare()
+    store.save("c0ffee", "net1", {
+        "format": 1, "phase": "ready", "mode": "exclusive", "link": "rdma-device", "containerID": "c0ffee",
+        "ifname": "net1", "netns": str(host.base / "gone-netns"), "network": "rdma-exclusive",
+        "rails": [{"ifname": "net1", "rdmaDevice": "mlx5_1", "rdmaOnly": True, "ipam": None}]})
+    host.fake.remove_device("mlx5_1")  # moved: gone from class/infiniband, its uverbs re-created
+    time.sleep(3 * INTERVAL)
+
+    def entry() -> list[str] | None:
+        dev = {d["name"]: d for d in read_spec(host)["devices"]}.get("mlx5_1")
+        return None if dev is None else [n["hostPath"] for n in dev["containerEdits"]["deviceNodes"]]
+
+    assert entry() == [f"{host.dev_root}/infiniband/uverbs{old}"], "the entry stays while the device is away"
+    assert plugin.latest.health()["0000:3b:00.0"] == "Healthy"
+    # The kernel re-created the node under a new number; the host's sysfs lists it.
+    folder = host.fake.sys / "devices/virtual/infiniband_verbs/uverbs17"
+    folder.mkdir(parents=True)
+    (folder / "ibdev").write_text("mlx5_1\n")
+    (folder / "dev").write_text("231:209\n")
+    (host.fake.sys / "class/infiniband_verbs/uverbs17").symlink_to(folder)
+    deadline = time.monotonic() + 3
+    while entry() != [f"{host.dev_root}/infiniband/uverbs17"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert entry() == [f"{host.dev_root}/infiniband/uverbs17"], read_spec(host)
+    # The kernel's mode goes wrong: every unit Unhealthy, the one in the pod too.
+    host.fake.set_netns_mode("Y")
+    update = plugin.wait_for(lambda u: set(u.health().values()) == {"Unhealthy"}, 5, "all Unhealthy")
+    assert "0000:3b:00.0" in update.ids()
+    host.fake.set_netns_mode("N")
+    plugin.wait_for(lambda u: set(u.health().values()) == {"Healthy"}, 5, "all Healthy again")
+    # DEL: back on the host, state gone.
+    (host.fake.sys / "class/infiniband_verbs/uverbs17").unlink()
+    host.fake.add_pci_device("mlx5_1", "0000:3b:00.0", "ens2f0", numa_node=1)
+    store.delete("c0ffee", "net1")
+    back = host.fake.uverbs_number("mlx5_1")
+    deadline = time.monotonic() + 3
+    while entry() != [f"{host.dev_root}/infiniband/uverbs{back}"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    check_spec(host, read_spec(host), ALL_NAMES)
+    assert daemon.alive()
