@@ -14,6 +14,12 @@ from rdma_netns_dp.api.pluginregistration.v1 import api_pb2 as reg_pb2
 from rdma_netns_dp.api.pluginregistration.v1 import api_pb2_grpc as reg_pb2_grpc
 
 API_VERSION = "v1beta1"
+# kubelet's Register handler dials the plugin back and allows itself 10 s for that before it
+# answers; waiting less would call a slow but successful registration a failure and start over.
+KUBELET_DIAL_BACK_TIMEOUT = 10.0
+# Connecting to kubelet.sock itself: a socket that exists but accepts nothing is a kubelet not
+# (yet) serving, retried with back-off.
+CONNECT_TIMEOUT = 3.0
 log = logging.getLogger("rdma_netns_dp.registration")
 
 
@@ -22,8 +28,12 @@ class RegistrationFailed(RuntimeError):
 
 
 def register(kubelet_socket: str, endpoint: str, resource_name: str,
-             options: api_pb2.DevicePluginOptions, timeout: float = 3.0) -> None:
-    """Call kubelet's Registration.Register; our server must already be serving `endpoint`."""
+             options: api_pb2.DevicePluginOptions, timeout: float = CONNECT_TIMEOUT,
+             dial_back_timeout: float = KUBELET_DIAL_BACK_TIMEOUT) -> None:
+    """Call kubelet's Registration.Register; our server must already be serving `endpoint`.
+
+    timeout: to connect to kubelet.sock; dial_back_timeout: for the Register answer, which kubelet
+    gives after dialling us back (its own limit is 10 s, plus a second for the answer)."""
     if not os.path.exists(kubelet_socket):
         raise RegistrationFailed(f"{kubelet_socket} does not exist (kubelet not running?)")
     with grpc.insecure_channel(f"unix://{kubelet_socket}") as channel:
@@ -31,7 +41,7 @@ def register(kubelet_socket: str, endpoint: str, resource_name: str,
             grpc.channel_ready_future(channel).result(timeout=timeout)
             api_pb2_grpc.RegistrationStub(channel).Register(
                 api_pb2.RegisterRequest(version=API_VERSION, endpoint=endpoint, resource_name=resource_name,
-                                        options=options), timeout=timeout)
+                                        options=options), timeout=dial_back_timeout + 1.0)
         except grpc.FutureTimeoutError:
             raise RegistrationFailed(f"kubelet does not answer on {kubelet_socket}") from None
         except grpc.RpcError as exc:

@@ -1,6 +1,11 @@
 """One resource's life towards kubelet: serve its socket, register, and do both again whenever
 kubelet restarts (it wipes the device-plugins folder and re-creates kubelet.sock) or our socket
-vanishes. Devices live in the Pool, outside the server, so a restart loses nothing."""
+vanishes. Devices live in the Pool, outside the server, so a restart loses nothing.
+
+A socket file is told apart from its predecessor by (device, inode, ctime): on ext4 a re-created
+kubelet.sock can get the old inode number back, but creating it sets a new ctime. Any change of
+kubelet.sock (appearing, re-created, with or without the folder wipe) also ends the retry
+back-off, so registration follows within one poll interval."""
 
 from __future__ import annotations
 
@@ -22,12 +27,13 @@ BACKOFF_FIRST = 0.5
 BACKOFF_MAX = 10.0
 
 
-def _inode(path: str) -> tuple[int, int] | None:
+def _inode(path: str) -> tuple[int, int, int] | None:
+    """The identity of the file at `path` now: (device, inode, ctime in ns), None when absent."""
     try:
         st = os.stat(path)
     except OSError:
         return None
-    return st.st_dev, st.st_ino
+    return st.st_dev, st.st_ino, st.st_ctime_ns
 
 
 class ResourcePlugin:
@@ -49,8 +55,9 @@ class ResourcePlugin:
         self.servicer: DevicePluginServicer | None = None
         self.watcher_server: grpc.Server | None = None
         self.watcher: WatcherRegistration | None = None
-        self._serving_inode: tuple[int, int] | None = None
-        self._registered_with: tuple[int, int] | None = None   # kubelet.sock inode we registered with
+        self._serving_inode: tuple[int, int, int] | None = None
+        self._registered_with: tuple[int, int, int] | None = None  # kubelet.sock identity we registered with
+        self._kubelet_seen: tuple[int, int, int] | None = None     # kubelet.sock identity at the last tick
         self._next_attempt = 0.0
         self._backoff = BACKOFF_FIRST
         self._last_failure: str | None = None
@@ -106,6 +113,13 @@ class ResourcePlugin:
         if self.registration != "kubelet":
             return
         kubelet = _inode(self.kubelet_socket)
+        if kubelet != self._kubelet_seen:
+            # kubelet.sock appeared or was re-created: a kubelet is (re)starting, so the back-off
+            # earned against the previous one no longer applies.
+            self._kubelet_seen = kubelet
+            if kubelet is not None:
+                self._next_attempt = 0.0
+                self._backoff = BACKOFF_FIRST
         if kubelet is not None and kubelet == self._registered_with:
             return
         if self._registered_with is not None:
