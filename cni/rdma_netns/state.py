@@ -10,8 +10,10 @@ nothing": written by DEL after a complete teardown and by an ADD that attached n
 granted the paired resource). Runtimes repeat DEL two or three times per pod (containerd: on
 StopPodSandbox, then on RemovePodSandbox without netns or prevResult); with the marker a repeat
 returns at once instead of running every rail's IPAM DEL again. Markers expire after
-RELEASED_TTL seconds (runtimes that never send GC would otherwise grow the folder for ever); a
-DEL that comes later still succeeds, by releasing what the config says ADD would have taken.
+RELEASED_TTL seconds, and beyond RELEASED_KEEP the oldest go too (runtimes that never send GC,
+containerd 1.6, would otherwise grow the folder for ever; a node churning pods faster than
+RELEASED_KEEP an hour still holds a bounded number); a DEL that comes later still succeeds, by
+releasing what the config says ADD would have taken.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from rdma_netns.spec.errors import IO_FAILURE, TRY_AGAIN_LATER, CniError
 LOCK_STRIPES = 256
 RELEASED = "released"
 RELEASED_TTL = 3600.0
+RELEASED_KEEP = 2048
 SWEEP_INTERVAL = 60.0
 
 
@@ -113,7 +116,9 @@ class StateStore:
         return sorted(out)
 
     def _expire_released(self, folder: str) -> None:
-        """At most once a minute (one stat otherwise), drop markers older than RELEASED_TTL."""
+        """At most once a minute (one stat otherwise), drop markers older than RELEASED_TTL and
+        all but the RELEASED_KEEP newest. A dropped marker makes a late repeated DEL slower, never
+        wrong. Bound: RELEASED_KEEP plus the DELs of one SWEEP_INTERVAL."""
         stamp = f"{folder}/.swept"
         now = time.time()
         try:
@@ -123,12 +128,25 @@ class StateStore:
             pass
         os.close(os.open(stamp, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
         os.utime(stamp)
+        kept: list[tuple[float, str]] = []
         for entry in os.scandir(folder):
             try:
-                if ":" in entry.name and now - entry.stat(follow_symlinks=False).st_mtime >= RELEASED_TTL:
+                if ":" not in entry.name:
+                    continue
+                mtime = entry.stat(follow_symlinks=False).st_mtime
+                if now - mtime >= RELEASED_TTL:
                     os.unlink(entry.path)
+                else:
+                    kept.append((mtime, entry.path))
             except OSError:
                 pass
+        if len(kept) > RELEASED_KEEP:
+            kept.sort(reverse=True)
+            for _mtime, path in kept[RELEASED_KEEP:]:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
 
     def attachments(self) -> list[tuple[str, str]]:
         """Every (containerID, ifname) with a state file."""

@@ -148,7 +148,8 @@ def _validated_network(raw: dict) -> dict:
     # served a config normalised by the previous version.
     digest = sha256(f"{__version__}\n{_canonical(identity)}".encode()).hexdigest()
     state_dir = raw.get("stateDir", DEFAULT_STATE_DIR)
-    cache_dir = f"{state_dir}/{CACHE_FOLDER}" if isinstance(state_dir, str) and state_dir.startswith("/") else None
+    cache_dir = f"{state_dir}/{CACHE_FOLDER}" if isinstance(state_dir, str) and state_dir.startswith("/") \
+        and "\0" not in state_dir else None
     if not cache_dir:
         return validate_with_model(identity)
     path = f"{cache_dir}/{digest}.json"
