@@ -52,6 +52,9 @@ class ResourceConfig(_Strict):
     sharedUnits: int = Field(1000, ge=1, le=100000)
     includeUmad: bool = False
     selectors: Selectors = Field(default_factory=Selectors)
+    # Shared mode: when the units are Healthy. "any": at least one selected device has an ACTIVE
+    # port (a pod may then get devices whose ports are DOWN); "all": every selected device has one.
+    sharedHealth: Literal["any", "all"] = "any"
 
     @field_validator("name")
     @classmethod

@@ -1,7 +1,8 @@
 """A resource's device list as kubelet sees it, rebuilt from each discovery pass.
 
 Shared mode: N interchangeable units ("hca-0000"...) backed by every selected device; they are
-Healthy while at least one selected device has an ACTIVE port. Exclusive mode: one unit per RDMA
+Healthy while at least one selected device has an ACTIVE port (sharedHealth "any", the default),
+or only while every one has (sharedHealth "all"). Exclusive mode: one unit per RDMA
 device, ID = PCI address (stable across renames) or name, with its NUMA node.
 """
 
@@ -55,7 +56,8 @@ class Pool:
         """Replace the state from a discovery pass; True (and waiters woken) when kubelet must hear."""
         selected = tuple(d for d in discovered if matches(d, self.resource.selectors))
         if self.shared:
-            healthy = blocked_reason is None and any(d.healthy for d in selected)
+            ports_ok = all if self.resource.sharedHealth == "all" else any  # "all": no DOWN device in a unit
+            healthy = blocked_reason is None and bool(selected) and ports_ok(d.healthy for d in selected)
             units = tuple(Unit(f"hca-{i:04d}", healthy) for i in range(self.resource.sharedUnits))
             away: frozenset[str] = frozenset()
         else:
