@@ -20,8 +20,18 @@ Leaks looked for afterwards, against a snapshot taken after one warm-up cycle:
   * node namespace: links, addresses, IPv4/IPv6 rules, IPv4/IPv6 routes in ALL tables;
   * inside pods (every --pod-check-every'th cycle, after DEL and before the namespace goes):
     links other than lo, rules beyond the two defaults, routes in any table;
-  * the plugin's stateDir: attachment state files and temporary files (the 256 lock stripes
-    and the verified-config cache are bounded by design and reported, not counted as leaks);
+  * the plugin's stateDir: attachment state files and temporary files (the 256 lock stripes,
+    the verified-config cache and the released/ markers are bounded by design and reported, not
+    counted as leaks);
+
+Bounded on-disk growth without GC (containerd 1.6 never sends it): the run never sends GC, counts
+the stateDir's files every half second and reports the largest count against the bound the
+plugin keeps by itself: 256 lock stripes + 1 fill lock, at most loader.CACHE_KEEP verified
+configs, released/ markers at most state.RELEASED_KEEP (older than state.RELEASED_TTL go sooner)
+plus one SWEEP_INTERVAL of DELs, no attachment state after DEL. --config-variants K cycles through
+K distinct network configs (a rollout or hand edits: one cache file each), and --plant-markers N
+plants N old markers (ages spread over two TTLs) so that a short run shows the expiry a long one
+would reach.
   * host-local: allocation files (one per address) left in its dataDir;
   * pod namespaces of this benchmark still present; plugin or host-local processes still alive;
   * file descriptors: the plugin is a new process per call, so nothing it opens can outlive the
@@ -153,6 +163,37 @@ def state_files(state_dir: str) -> dict:
     return out
 
 
+def plant_markers(state_dir: str, network: str, count: int) -> None:
+    """Markers of pods deleted long ago (ages spread over 0 to 2 TTLs): what a long run leaves."""
+    from rdma_netns import state
+
+    folder = f"{state_dir}/{network}/released"
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    now = time.time()
+    for i in range(count):
+        path = f"{folder}/planted{i:06d}:net1"
+        open(path, "w").close()
+        age = 2 * state.RELEASED_TTL * (i + 0.5) / count
+        os.utime(path, (now - age, now - age))
+
+
+def disk_bound(args: argparse.Namespace, elapsed: float) -> dict:
+    """The most files the plugin's own expiry allows in the stateDir for this run's DEL rate."""
+    from rdma_netns import state
+    from rdma_netns.config import loader
+
+    dels_per_sweep = int(args.cycles / max(elapsed, 1e-3) * state.SWEEP_INTERVAL) + 1
+    markers = min(state.RELEASED_KEEP + dels_per_sweep, args.plant_markers + args.cycles + 1)
+    return {"lock_files": state.LOCK_STRIPES + 1, "verified_configs": loader.CACHE_KEEP,
+            "released_markers": markers, "sweep_stamps": 1, "attachments_in_flight": args.workers * 2,
+            "total": state.LOCK_STRIPES + 1 + loader.CACHE_KEEP + markers + 1 + args.workers * 2,
+            "released_keep": state.RELEASED_KEEP, "released_ttl_s": state.RELEASED_TTL}
+
+
+def count_files(state_dir: str) -> int:
+    return sum(len(files) for _root, _dirs, files in os.walk(state_dir))
+
+
 def ipam_files(data_dir: str) -> dict:
     allocations, other = [], []
     for root, _dirs, files in os.walk(data_dir):
@@ -206,7 +247,10 @@ def timed_maxrss(argv: list[str], stdin: bytes, env: dict[str, str], tmp: str) -
     return call, kb
 
 
-def cycle(args: argparse.Namespace, rec: Recorder, n: int, worker: int, stdin: bytes, probe: dict) -> None:
+def cycle(args: argparse.Namespace, rec: Recorder, n: int, worker: int, stdin: bytes | list[bytes],
+          probe: dict) -> None:
+    if isinstance(stdin, list):  # --config-variants: the configs take turns
+        stdin = stdin[n % len(stdin)]
     pod = f"{POD_PREFIX}{worker}-{n}"
     netns = f"{common.NETNS_DIR}/{pod}"
     subprocess.run(["ip", "netns", "add", pod], check=True)
@@ -320,7 +364,13 @@ def window_medians(timed: list[tuple], size: int) -> dict:
 def run_inner(args: argparse.Namespace) -> dict:
     args.work = work = tempfile.mkdtemp(prefix="rnchurn-")
     data_dir, state_dir = f"{work}/ipam", f"{work}/state"
-    stdin = json.dumps(common.ours_conf("rnchurn", args.rails, data_dir, state_dir)).encode()
+    base_conf = common.ours_conf("rnchurn", args.rails, data_dir, state_dir)
+    stdin: bytes | list[bytes] = json.dumps(base_conf).encode()
+    if args.config_variants > 1:
+        stdin = [json.dumps(dict(base_conf, gidWaitMs=500 + k)).encode() for k in range(args.config_variants)]
+    if args.plant_markers:
+        plant_markers(state_dir, "rnchurn", args.plant_markers)
+    files_max = 0
     probe = make_probes(args.plugin, work) if args.probe_every else {}
     rec = Recorder()
     harness_fds_before = len(os.listdir("/proc/self/fd"))
@@ -344,6 +394,7 @@ def run_inner(args: argparse.Namespace) -> dict:
     next_report = step
     while any(t.is_alive() for t in threads):
         time.sleep(0.5)
+        files_max = max(files_max, count_files(state_dir))
         if rec.done >= next_report:
             print(f"  {rec.done}/{args.cycles} cycles, {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
             next_report += step
@@ -407,10 +458,14 @@ def run_inner(args: argparse.Namespace) -> dict:
                    "first_samples_kb": [m[1] for m in sorted(rec.mem)[:5]],
                    "last_samples_kb": [m[1] for m in sorted(rec.mem)[-5:]]},
         "state_dir": {"before": {k: v for k, v in state_before.items() if k != "attachment_or_temp_files"},
-                      "after": {k: v for k, v in state_after.items() if k != "attachment_or_temp_files"}},
+                      "after": {k: v for k, v in state_after.items() if k != "attachment_or_temp_files"},
+                      "files_after": count_files(state_dir), "files_max_during_run": files_max,
+                      "config_variants": args.config_variants, "planted_markers": args.plant_markers,
+                      "bound": disk_bound(args, elapsed)},
         "ipam_other_files": ipam_after["other_files"],
         "fds": fds, "leaks": leaks,
         "leak_free": not any(v for v in leaks.values()) and not rec.errors,
+        "disk_bounded": max(files_max, count_files(state_dir)) <= disk_bound(args, elapsed)["total"],
     }
     shutil.rmtree(work, ignore_errors=True)
     return out
@@ -439,6 +494,10 @@ def report(out: dict) -> None:
           f"first {m['first_samples_kb']} last {m['last_samples_kb']}")
     print(f"stateDir before/after: {out['state_dir']['before']} / {out['state_dir']['after']}; "
           f"host-local non-allocation files: {out['ipam_other_files']}")
+    sd = out["state_dir"]
+    print(f"stateDir files without GC ({sd['config_variants']} config variant(s), {sd['planted_markers']} planted "
+          f"old markers): max during the run {sd['files_max_during_run']}, after {sd['files_after']}; "
+          f"bound {sd['bound']['total']} ({sd['bound']}); bounded: {out['disk_bounded']}")
     fd = out["fds"]
     print(f"fds: {fd['probed_calls']} probed calls; open at start beyond stdio: {fd['fds_open_at_start_beyond_stdio']}; "
           f"still open at exit: {fd['fds_open_at_exit_beyond_stdio']}; {fd['host_local_calls_probed']} host-local "
@@ -465,6 +524,10 @@ def main() -> int:
     parser.add_argument("--inject-leaks", action="store_true",
                         help="self-test: plant a link, rule, route, state file and IPAM file after the "
                              "cycles; the leak checks must report each (exit status 1)")
+    parser.add_argument("--config-variants", type=int, default=1,
+                        help="cycle through K distinct network configs (one verified-config cache file each)")
+    parser.add_argument("--plant-markers", type=int, default=0,
+                        help="plant N old released/ markers first (ages over two TTLs) to show their expiry")
     common.common_args(parser)
     args = parser.parse_args()
     if args.cycles is None:
@@ -476,7 +539,7 @@ def main() -> int:
     out = run_inner(args)
     report(out)
     common.write_json(args.json, out)
-    return 0 if out["leak_free"] else 1
+    return 0 if out["leak_free"] and out["disk_bounded"] else 1
 
 
 if __name__ == "__main__":
