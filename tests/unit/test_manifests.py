@@ -324,7 +324,7 @@ def test_the_daemon_starts_with_the_configmap_config_and_its_probe_passes(tmp_pa
     command[command.index("--config") + 1] = str(config_file)
     command += ["--kubelet-dir", str(kubelet), "--sysfs-root", str(fake.sys),
                 "--health-file", str(health), "--cni-state-dir", str(tmp_path / "cni"),
-                "--cdi-dir", str(tmp_path / "cdi")]
+                "--cdi-dir", str(tmp_path / "cdi"), "--pod-grants-socket", str(kubelet / "pg.sock")]
     probe = main["livenessProbe"]["exec"]["command"]
     probe = [dp, *probe[1:]]
     probe[probe.index("--health-file") + 1] = str(health)
