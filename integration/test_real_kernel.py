@@ -1,7 +1,10 @@
 """The real-kernel suite: boots a Debian 7.x kernel under QEMU (integration/guest/) and runs
 integration/guest_suite there, on a real RDMA subsystem with Soft-RoCE devices.
 
-One guest boot serves the whole session; each guest test then shows up here as its own test,
+Two guest boots: the kernel's default (shared) mode runs the suite (one boot for the whole
+session), and a second boot with `ib_core.netns_mode=0` on the kernel command line runs
+test_5_exclusive_boot.py (exclusive mode end to end: device plugin, stand-in kubelet, CNI).
+Each guest test then shows up here as its own test,
 from the guest's JUnit report. A test that did not run in the guest fails here: nothing is
 skipped silently. Without a fetched kernel the suite is skipped on a developer machine and
 fails in CI (CI=true); scripts/test.sh fetches the kernel first.
@@ -43,6 +46,10 @@ EXPECTED = [
     "test_4_device_plugin::test_dp_exclusive_mode_follows_the_kernel_mode",
     "test_add_del::test_ipvlan_link",
 ]
+EXPECTED_EXCLUSIVE_BOOT = [
+    "test_5_exclusive_boot::test_granted_devices_move_into_their_pods_and_carry_rc_traffic",
+    "test_5_exclusive_boot::test_pod_whose_namespace_died_first_gives_its_nic_and_device_back",
+]
 
 
 class GuestRun:
@@ -63,23 +70,39 @@ class GuestRun:
                     self.outcomes[key] = ("passed", "")
 
 
-@pytest.fixture(scope="session")
-def guest_run(tmp_path_factory) -> GuestRun:
+def boot_guest(tmp_path_factory, label: str, guest_args: list[str], suite_args: list[str]) -> GuestRun:
     if not KERNEL_ENV.exists():
         message = f"no guest kernel ({KERNEL_ENV} missing): run sudo integration/guest/fetch-kernel.sh"
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
-    results = tmp_path_factory.mktemp("guest")
+    results = tmp_path_factory.mktemp(label)
     start = time.monotonic()
     proc = subprocess.run([str(GUEST / "run-in-guest.sh"), "--timeout", str(GUEST_TIMEOUT), "--net-loop",
-                           "--results", str(results), "--", "bash", str(GUEST / "run-suite.sh")],
+                           *guest_args, "--results", str(results), "--",
+                           "bash", str(GUEST / "run-suite.sh"), *suite_args],
                           cwd=REPO, stdin=subprocess.DEVNULL)
     run = GuestRun(results, proc.returncode, time.monotonic() - start)
-    GUEST_REPORT.append(f"guest run: exit {proc.returncode} after {run.seconds:.0f} s (boot included); "
+    GUEST_REPORT.append(f"{label} run: exit {proc.returncode} after {run.seconds:.0f} s (boot included); "
                         f"console and reports: {results}")
     GUEST_REPORT.extend(timing_summary(results / "timings.jsonl"))
+    facts = results / "exclusive-boot-facts.jsonl"
+    if facts.exists():
+        GUEST_REPORT.extend(f"  {line}" for line in facts.read_text().splitlines())
     return run
+
+
+@pytest.fixture(scope="session")
+def guest_run(tmp_path_factory) -> GuestRun:
+    return boot_guest(tmp_path_factory, "guest", [], [])
+
+
+@pytest.fixture(scope="session")
+def guest_run_exclusive_boot(tmp_path_factory) -> GuestRun:
+    """The second boot: the kernel comes up in exclusive mode, as a node with
+    `options ib_core netns_mode=0` does."""
+    return boot_guest(tmp_path_factory, "guest-exclusive-boot", ["--kernel-arg", "ib_core.netns_mode=0"],
+                      ["exclusive-boot"])
 
 
 def timing_summary(path: Path) -> list[str]:
@@ -104,4 +127,17 @@ def test_the_guest_booted_and_ran_the_suite(guest_run):
 @pytest.mark.parametrize("name", EXPECTED)
 def test_in_guest(guest_run, name):
     outcome, detail = guest_run.outcomes.get(name, ("missing", "the test did not run in the guest"))
+    assert outcome == "passed", f"{name}: {outcome}\n{detail}"
+
+
+def test_the_exclusive_boot_guest_booted_and_ran(guest_run_exclusive_boot):
+    run = guest_run_exclusive_boot
+    assert run.returncode not in (124, 125), \
+        f"the exclusive-boot guest did not boot or timed out (exit {run.returncode}); see {run.results}/console.log"
+    assert run.outcomes, f"the exclusive-boot guest wrote no test report; see {run.results}/console.log"
+
+
+@pytest.mark.parametrize("name", EXPECTED_EXCLUSIVE_BOOT)
+def test_in_exclusive_boot_guest(guest_run_exclusive_boot, name):
+    outcome, detail = guest_run_exclusive_boot.outcomes.get(name, ("missing", "the test did not run in the guest"))
     assert outcome == "passed", f"{name}: {outcome}\n{detail}"
