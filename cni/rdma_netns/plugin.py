@@ -72,20 +72,21 @@ def _refuse_own_netns(fd: int, path: str) -> int:
     return fd
 
 
-def _open_pod_netns_if_alive(path: str) -> int | None:
+def _open_pod_netns_if_alive(path: str, strict: bool = True) -> int | None:
     """For teardown: the pod namespace if it still exists, else None (its links went with it).
 
     Refused, as on ADD and saying why: the plugin's own namespace (teardown there would delete
     host interfaces that happen to carry a pod-side name) and a path that is something else than
     a network namespace (a directory, a FIFO, another kind of namespace, a file with content).
     An empty regular file is a netns mount point whose namespace the runtime already unmounted:
-    gone, like a missing path."""
+    gone, like a missing path. strict=False (a path the state recorded at ADD, when it was a
+    netns): whatever is there now, the pod's namespace is gone."""
     if not path:
         return None
     try:
         fd = netns.open_netns(path)
     except netns.NotANetns:
-        if _is_empty_file(path):
+        if not strict or _is_empty_file(path):
             return None
         raise CniError(INVALID_ENV, f"CNI_NETNS {path} is not a network namespace; DEL refuses to tear down "
                        "through it") from None
@@ -400,7 +401,7 @@ def _teardown(state: dict, env: CniEnv, cfg: loader.Config, rollback: bool = Fal
     """
     net = _teardown_net(state, cfg.net)
     mode = modes.for_state(state, net)
-    pod_fd = _open_pod_netns_if_alive(state.get("netns") or env.netns)
+    pod_fd = _open_pod_netns_if_alive(state.get("netns") or env.netns, strict=False)
     errors: list[str] = []
     host_fd = netns.current_netns_fd()
     try:

@@ -172,3 +172,17 @@ def test_del_ignores_a_bad_cni_args_mac(node):
     pod, conf = added(node)
     node.cni("DEL", conf, pod, extra_env={"CNI_ARGS": "IgnoreUnknown=1;MAC=zz"}).ok()
     assert_gone(node, pod)
+
+
+def test_del_when_the_recorded_netns_path_is_no_longer_a_netns(node, tmp_path):
+    """The state's path was a netns at ADD; whatever is there now, the pod's namespace is gone:
+    DEL (with an empty CNI_NETNS, as on RemovePodSandbox) still releases everything."""
+    pod, conf = added(node)
+    path = Path(node.state_dir) / "rdmanet" / "c1:net1.json"
+    state = json.loads(path.read_text())
+    reused = tmp_path / "reused"
+    reused.write_text("something else now")
+    state["netns"] = str(reused)
+    path.write_text(json.dumps(state))
+    node.cni("DEL", dict(conf, newKey=1), netns="").ok()
+    assert node.allocations() == [] and node.attachment_records() == []
