@@ -10,6 +10,7 @@ teardown runs the pod part inside the pod for that reason.
 from __future__ import annotations
 
 import errno
+import time
 
 from rdma_netns import faults
 from rdma_netns.kernel import rtnl
@@ -20,6 +21,7 @@ from rdma_netns.spec.errors import IFNAME_EXISTS, INVALID_CONFIG, KERNEL_REJECTE
 # Link kinds a NIC handed to a pod can have: none for PCI functions, veth in tests. Kinds that
 # copy a parent's MAC (vlan, macvlan, ipvlan) are never mistaken for the NIC.
 PHYSICAL_KINDS = ("", "veth")
+NIC_RETURN_WAIT = 5.0  # seconds DEL waits for a physical NIC from a deleted pod namespace
 
 
 class ExclusiveMode:
@@ -29,7 +31,7 @@ class ExclusiveMode:
     def prepare(self, rail: Rail, parent: rtnl.Link) -> dict:
         """What DEL needs to put the NIC back exactly, recorded before anything moves."""
         return {"hostName": parent.name, "hostMac": parent.mac, "hostUp": bool(parent.flags & rtnl.IFF_UP),
-                "rdmaDevice": rail.rdma.device if rail.rdma else None}
+                "hostKind": parent.kind, "rdmaDevice": rail.rdma.device if rail.rdma else None}
 
     def attach(self, host_sock: NetlinkSocket, pod_netns_fd: int, rail: Rail, parent: rtnl.Link,
                mac: str | None) -> None:
@@ -80,9 +82,16 @@ class ExclusiveMode:
         name, mac = rail_state.get("hostName"), rail_state.get("hostMac")
         if not name or not mac:
             return None
-        link = next((lk for lk in rtnl.list_links(host_sock) if lk.mac == mac and lk.kind in PHYSICAL_KINDS), None)
+        # A physical NIC whose pod namespace was deleted comes back when the kernel's namespace
+        # cleanup runs, which is asynchronous (and slow on a loaded node): wait for it a little. A
+        # NIC moved back from a live pod is already here, and a virtual one (veth) never comes back
+        # (it dies with the namespace), so neither waits.
+        wait = NIC_RETURN_WAIT if rail_state.get("hostKind", "") == "" else 0.0
+        deadline = time.monotonic() + wait
+        while (link := self._find_by_mac(host_sock, mac)) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
         if link is None:
-            return f"{name} ({mac}) is not back in the host namespace"
+            return f"{name} ({mac}) is not back in the host namespace" + (f" after {wait:g} s" if wait else "")
         if link.name != name:
             rtnl.set_link_up(host_sock, link.index, False)
             try:
@@ -92,6 +101,11 @@ class ExclusiveMode:
         if rail_state.get("hostUp"):
             rtnl.set_link_up(host_sock, link.index)
         return None
+
+
+    @staticmethod
+    def _find_by_mac(host_sock: NetlinkSocket, mac: str) -> rtnl.Link | None:
+        return next((lk for lk in rtnl.list_links(host_sock) if lk.mac == mac and lk.kind in PHYSICAL_KINDS), None)
 
 
 def rdma_device_visible(device: str) -> bool:
