@@ -48,17 +48,17 @@ def run_cni(environ: dict[str, str] | None = None, stdin: bytes | None = None) -
         if raw.get("cniVersion") in versions.SUPPORTED_VERSIONS:
             error_version = raw["cniVersion"]
         if env.command == "DEL":
+            versions.require_supported(raw.get("cniVersion", ""))
+            if _repeated_del(env, raw):
+                return 0  # containerd sends DEL two or three times per pod: the repeats load nothing more
             cfg = loader.load_for_teardown(raw)  # a refused config must not stop teardown
         else:
             cfg = loader.load(raw)
-        if env.command != "DEL":  # DEL uses no per-call MAC; a bad one must not stop teardown
-            loader.apply_cni_args(cfg, env.args)
+            loader.apply_cni_args(cfg, env.args)  # DEL uses no per-call MAC; a bad one must not stop it
         if env.command == "ADD":
             from rdma_netns import pairing
 
             _emit(pairing.add(env, cfg))
-        elif env.command == "DEL" and _repeated_del(env, cfg):
-            pass  # containerd sends DEL two or three times per pod: the repeats load nothing more
         else:
             from rdma_netns import plugin
 
@@ -84,11 +84,17 @@ def run_cni(environ: dict[str, str] | None = None, stdin: bytes | None = None) -
         return 1
 
 
-def _repeated_del(env: CniEnv, cfg: loader.Config) -> bool:
-    """True when an earlier DEL (or an ADD that attached nothing) left this attachment released."""
+def _repeated_del(env: CniEnv, raw: dict) -> bool:
+    """True when an earlier DEL (or an ADD that attached nothing) left this attachment released.
+
+    Checked before the config is validated (only its network name and stateDir, safely): a
+    repeat never pays for validation, not even for a config this version would refuse."""
     from rdma_netns.state import StateStore
 
-    net = cfg.net
+    try:
+        net = loader.teardown_network(raw)
+    except CniError:
+        return False  # the full load reports it
     store = StateStore(net["stateDir"], net["name"])
     return store.already_released(env.container_id, env.ifname, net["lockTimeoutSeconds"])
 

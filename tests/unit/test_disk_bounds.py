@@ -104,3 +104,26 @@ def test_model_defaults_are_the_teardown_defaults(tmp_path):
     net = loader.load(conf(str(tmp_path), 1)).net
     for key in ("routeTableBase", "rulePriorityBase", "ipamTimeoutSeconds", "lockTimeoutSeconds"):
         assert net[key] == loader.TEARDOWN_DEFAULTS[key]
+
+
+def test_repeated_del_with_a_refused_config_loads_neither_model_nor_plugin(tmp_path):
+    """The released/ fast path runs before validation: a repeat costs a marker lookup only."""
+    import json
+    import subprocess
+    import sys
+
+    (tmp_path / "net" / "released").mkdir(parents=True)
+    (tmp_path / "net" / "released" / "c1:eth0").touch()
+    (tmp_path / "locks").mkdir()  # as the first DEL left them
+    raw = dict(conf(str(tmp_path), 1), newKey=1)
+    script = (
+        "import json, sys\n"
+        "from rdma_netns import entry\n"
+        "rc = entry.run_cni({'CNI_COMMAND': 'DEL', 'CNI_CONTAINERID': 'c1', 'CNI_IFNAME': 'eth0', 'CNI_NETNS': '',"
+        " 'CNI_PATH': '/nonexistent'}, sys.argv[1].encode())\n"
+        "heavy = [m for m in sys.modules if m.split('.')[0] in ('pydantic', 'ipaddress', 'subprocess')"
+        " or m in ('rdma_netns.plugin', 'rdma_netns.config.model')]\n"
+        "print(json.dumps({'rc': rc, 'heavy': heavy}))\n")
+    out = subprocess.run([sys.executable, "-I", "-c", script, json.dumps(raw)], capture_output=True, text=True,
+                         check=True).stdout.strip().splitlines()[-1]
+    assert json.loads(out) == {"rc": 0, "heavy": []}

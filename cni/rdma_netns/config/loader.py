@@ -138,8 +138,12 @@ def teardown_network(raw: dict) -> dict:
             or ".." in state_dir.split("/"):
         raise CniError(INVALID_CONFIG, f"invalid network config: stateDir {str(state_dir)[:80]!r} is not an "
                        "absolute path without '..'; DEL cannot find this network's state")
-    return dict(TEARDOWN_DEFAULTS, name=name, stateDir=state_dir, mode="auto", rails=None, ipam=None,
-                resourceName=None)
+    net = dict(TEARDOWN_DEFAULTS, name=name, stateDir=state_dir, mode="auto", rails=None, ipam=None,
+               resourceName=None)
+    timeout = raw.get("lockTimeoutSeconds")  # how long to wait for a concurrent call: the config's, if sane
+    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and 0 < timeout <= 600:
+        net["lockTimeoutSeconds"] = float(timeout)
+    return net
 
 
 def _validated_network(raw: dict) -> dict:
