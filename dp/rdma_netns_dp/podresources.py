@@ -85,10 +85,14 @@ def pod_device_ids(socket_path: str, namespace: str, name: str, resource: str,
     With a `pool`, its open channel is used (and dialled again once if kubelet restarted)."""
     if timeout <= 0:
         raise ValueError(f"timeout must be positive, got {timeout!r}")
-    deadline = time.monotonic() + timeout
     path = os.path.abspath(socket_path)
     if not os.path.exists(path):  # the cheap, common case of "no kubelet here": no grpc import
         raise PodResourcesUnavailable("unreachable", f"no kubelet PodResources socket at {path}")
+    # The timeout is kubelet's to keep, so it starts after our own imports (a CNI process asking
+    # kubelet directly imports grpc here: 0.1-0.4 s on a busy node).
+    from rdma_netns_dp.api.podresources.v1 import api_pb2_grpc  # noqa: F401 (loads grpc too)
+
+    deadline = time.monotonic() + timeout
     if pool is None:
         channel = _new_channel(path)
         try:
