@@ -14,10 +14,11 @@ import io
 import json
 import os
 import platform
-import subprocess
 import tarfile
 import tempfile
 from dataclasses import dataclass
+
+from integration.runtime.podman_rig import static_busybox  # one finder for both rigs
 from pathlib import Path
 
 CACHE_DIR = Path(os.environ.get("RDMA_NETNS_CRI_CACHE", "/var/cache/rdma-netns-cri"))
@@ -33,16 +34,6 @@ while :; do
   wait $!
 done
 """
-
-
-def static_busybox() -> str | None:
-    """A statically linked busybox (Debian's busybox-static), or None."""
-    for path in ("/bin/busybox", "/usr/bin/busybox"):
-        if os.path.exists(path):
-            out = subprocess.run(["ldd", path], capture_output=True, text=True)
-            if "not a dynamic executable" in out.stdout + out.stderr:
-                return path
-    return None
 
 
 def arch() -> str:

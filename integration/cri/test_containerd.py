@@ -16,7 +16,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path

@@ -7,7 +7,6 @@ real-kernel suite (integration/) covers the RDMA device moves with Soft-RoCE.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
