@@ -155,18 +155,26 @@ def virtio_nics() -> list[str]:
 
 @pytest.mark.skipif(len(virtio_nics()) < 2, reason="the guest was booted without --net-loop")
 def test_exclusive_moves_a_physical_nic_in_and_back_even_after_the_pod_died(lab, exclusive_kernel):
-    nic = virtio_nics()[0]
+    nic, peer = virtio_nics()[:2]
     mac = json.loads(sh("ip", "-j", "link", "show", nic).stdout)[0]["address"]
-    conf = {"cniVersion": "1.1.0", "name": "nic-excl", "type": "rdma-netns", "mode": "exclusive",
-            "requireRdma": False, "stateDir": str(lab.tmp / "state"),
-            "rails": [{"netdev": nic, "ifname": "rdma0", "ipam": lab.ipam("fd00:31::/64")}]}
-    pod = lab.pod()
-    timed_cni("exclusive-nic", "ADD", conf, container_id=pod, netns=f"/var/run/netns/{pod}", ifname="rdma0").ok()
-    assert json.loads(in_pod(pod, "ip", "-j", "link", "show", "rdma0").stdout)[0]["address"] == mac
-    sh("ip", "netns", "del", pod)
-    lab.pods.remove(pod)
-    # The kernel hands a physical NIC back to the host when its namespace dies, under the pod's
-    # name (or dev<N>); DEL finds it by MAC and gives it back its own name.
-    timed_cni("exclusive-nic", "DEL", conf, container_id=pod, netns=f"/var/run/netns/{pod}", ifname="rdma0").ok()
-    back = json.loads(sh("ip", "-j", "link", "show", nic).stdout)[0]
-    assert back["address"] == mac
+    # The QEMU hub stalls a sender while any other port cannot receive, and a virtio NIC that is
+    # down has no receive buffers: the pod's first frame (its neighbour announcement) would sit in
+    # the NIC's TX queue for good, holding a reference that keeps the dead pod's namespace (and so
+    # the NIC) from ever being dismantled. A real wire takes the frame; the peer up makes this one.
+    sh("ip", "link", "set", peer, "up")
+    try:
+        conf = {"cniVersion": "1.1.0", "name": "nic-excl", "type": "rdma-netns", "mode": "exclusive",
+                "requireRdma": False, "stateDir": str(lab.tmp / "state"),
+                "rails": [{"netdev": nic, "ifname": "rdma0", "ipam": lab.ipam("fd00:31::/64")}]}
+        pod = lab.pod()
+        timed_cni("exclusive-nic", "ADD", conf, container_id=pod, netns=f"/var/run/netns/{pod}", ifname="rdma0").ok()
+        assert json.loads(in_pod(pod, "ip", "-j", "link", "show", "rdma0").stdout)[0]["address"] == mac
+        sh("ip", "netns", "del", pod)
+        lab.pods.remove(pod)
+        # The kernel hands a physical NIC back to the host when its namespace dies, under the pod's
+        # name (or dev<N>); DEL finds it by MAC and gives it back its own name.
+        timed_cni("exclusive-nic", "DEL", conf, container_id=pod, netns=f"/var/run/netns/{pod}", ifname="rdma0").ok()
+        back = json.loads(sh("ip", "-j", "link", "show", nic).stdout)[0]
+        assert back["address"] == mac
+    finally:
+        sh("ip", "link", "set", peer, "down")  # alone on the hub again, its frames would stall
