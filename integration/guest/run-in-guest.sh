@@ -3,8 +3,9 @@
 # fetch-kernel.sh installed (a real RDMA subsystem with Soft-RoCE), and exit
 # with the command's exit code.
 #
-#   run-in-guest.sh [--timeout S] [--memory M] [--results DIR] [--rwdir DIR]...
-#                   [--net-loop] [--kernel-arg ARG]... [--verbose] -- <command> [args...]
+#   run-in-guest.sh [--timeout S] [--memory M] [--cpus N] [--results DIR] [--rwdir DIR]...
+#                   [--net-loop] [--qemu-opt ARG]... [--kernel-arg ARG]... [--name NAME]
+#                   [--verbose] -- <command> [args...]
 #
 # The guest shares the host's root filesystem read-only with writable
 # copy-on-write overlays (what the guest writes is lost), except the --results
@@ -14,6 +15,10 @@
 # --net-loop gives the guest two virtio NICs joined to each other by a QEMU hub
 # and to nothing else (no host network). Unlike veth they behave as physical
 # NICs: a netns that is deleted hands them back to the initial netns.
+#
+# --qemu-opt adds one word to QEMU's command line (vng --qemu-opts), e.g. the
+# -netdev/-device pairs that wire two guests to each other (integration/two_nodes).
+# --cpus sets the guest's vCPUs (default: vng's); --name its hostname.
 #
 # --kernel-arg adds one option to the guest kernel's command line (vng --append),
 # e.g. ib_core.netns_mode=0 to boot with the RDMA subsystem in exclusive mode.
@@ -35,6 +40,9 @@ VERBOSE=0
 NET_LOOP=0
 RWDIRS=()
 KERNEL_ARGS=()
+QEMU_OPTS=()
+CPUS=""
+NAME=""
 
 die() { echo "run-in-guest: ERROR: $1" >&2; exit "${2:-1}"; }
 usage() { sed -n '2,/^set -euo/{/^#/s/^# \{0,1\}//p}' "$0" >&2; exit 2; }
@@ -47,6 +55,9 @@ while [ $# -gt 0 ]; do
         --rwdir) RWDIRS+=("${2:?}"); shift 2 ;;
         --net-loop) NET_LOOP=1; shift ;;
         --kernel-arg) KERNEL_ARGS+=("${2:?}"); shift 2 ;;
+        --qemu-opt) QEMU_OPTS+=("${2:?}"); shift 2 ;;
+        --cpus) CPUS=${2:?}; shift 2 ;;
+        --name) NAME=${2:?}; shift 2 ;;
         --verbose|-v) VERBOSE=1; shift ;;
         --) shift; break ;;
         -h|--help) usage ;;
@@ -107,7 +118,12 @@ for d in "${RWDIRS[@]}"; do VNG_ARGS+=(--rwdir="$d"); done
 [ $NET_LOOP = 1 ] && VNG_ARGS+=(--network loop)
 [ $VERBOSE = 1 ] && VNG_ARGS+=(--verbose)
 for a in "${KERNEL_ARGS[@]}"; do VNG_ARGS+=(--append "$a"); done
+[ -n "$CPUS" ] && VNG_ARGS+=(--cpus "$CPUS")
+[ -n "$NAME" ] && VNG_ARGS+=(--name "$NAME")
 VNG_ARGS+=(--exec "bash $GUEST_SCRIPT")
+# vng's --qemu-opts takes one string and splits it on spaces: words may not contain any
+for o in "${QEMU_OPTS[@]}"; do [[ $o != *[[:space:]]* ]] || die "--qemu-opt: no spaces in a word ($o)" 2; done
+[ ${#QEMU_OPTS[@]} -gt 0 ] && VNG_ARGS+=("--qemu-opts=${QEMU_OPTS[*]}")
 
 echo "run-in-guest: kernel $KERNEL, timeout ${TIMEOUT}s, results in $RESULTS" >&2
 t0=$(date +%s)
