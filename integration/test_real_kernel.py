@@ -118,26 +118,30 @@ def timing_summary(path: Path) -> list[str]:
             for name, ms in sorted(by_name.items())]
 
 
+def assert_booted_and_reported(run: GuestRun, label: str) -> None:
+    assert run.returncode not in (124, 125), \
+        f"the {label} did not boot or timed out (exit {run.returncode}); see {run.results}/console.log"
+    assert run.outcomes, f"the {label} wrote no test report; see {run.results}/console.log"
+
+
+def assert_passed_in_guest(run: GuestRun, name: str) -> None:
+    outcome, detail = run.outcomes.get(name, ("missing", "the test did not run in the guest"))
+    assert outcome == "passed", f"{name}: {outcome}\n{detail}"
+
+
 def test_the_guest_booted_and_ran_the_suite(guest_run):
-    assert guest_run.returncode not in (124, 125), \
-        f"the guest did not boot or timed out (exit {guest_run.returncode}); see {guest_run.results}/console.log"
-    assert guest_run.outcomes, f"the guest wrote no test report; see {guest_run.results}/console.log"
+    assert_booted_and_reported(guest_run, "guest")
 
 
 @pytest.mark.parametrize("name", EXPECTED)
 def test_in_guest(guest_run, name):
-    outcome, detail = guest_run.outcomes.get(name, ("missing", "the test did not run in the guest"))
-    assert outcome == "passed", f"{name}: {outcome}\n{detail}"
+    assert_passed_in_guest(guest_run, name)
 
 
 def test_the_exclusive_boot_guest_booted_and_ran(guest_run_exclusive_boot):
-    run = guest_run_exclusive_boot
-    assert run.returncode not in (124, 125), \
-        f"the exclusive-boot guest did not boot or timed out (exit {run.returncode}); see {run.results}/console.log"
-    assert run.outcomes, f"the exclusive-boot guest wrote no test report; see {run.results}/console.log"
+    assert_booted_and_reported(guest_run_exclusive_boot, "exclusive-boot guest")
 
 
 @pytest.mark.parametrize("name", EXPECTED_EXCLUSIVE_BOOT)
 def test_in_exclusive_boot_guest(guest_run_exclusive_boot, name):
-    outcome, detail = guest_run_exclusive_boot.outcomes.get(name, ("missing", "the test did not run in the guest"))
-    assert outcome == "passed", f"{name}: {outcome}\n{detail}"
+    assert_passed_in_guest(guest_run_exclusive_boot, name)

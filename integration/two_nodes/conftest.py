@@ -80,7 +80,7 @@ class RdmaNode:
         assert reply.rc == 0, f"{self.node.name}: {command} failed ({reply.rc}): {reply.stdout} {reply.stderr}"
         return json.loads(reply.stdout) if reply.stdout.strip() else None
 
-    def ipam(self, rail: int, network: str, single: bool = False) -> dict:
+    def ipam(self, rail: int, single: bool = False) -> dict:
         """host-local with this node's own range of the rail's subnet. The rail is flat L2, so the
         connected route reaches the other node's range: an extra route would get host-local's
         default gateway (the subnet's ::1, a router this rig does not have) and break it."""
@@ -91,7 +91,7 @@ class RdmaNode:
                 "ranges": [[{"subnet": rail_subnet(rail), "rangeStart": start, "rangeEnd": end}]]}
 
     def shared_conf(self, link: str, network: str = "rails", single_rail0: bool = False) -> dict:
-        rails = [{"netdev": self.nics[r], "ifname": f"rdma{r}", "ipam": self.ipam(r, network, single_rail0 and r == 0)}
+        rails = [{"netdev": self.nics[r], "ifname": f"rdma{r}", "ipam": self.ipam(r, single_rail0 and r == 0)}
                  for r in range(RAILS)]
         return {"cniVersion": "1.1.0", "name": network, "type": "rdma-netns", "mode": "shared", "link": link,
                 "stateDir": STATE_DIR, "rails": rails}
@@ -101,11 +101,27 @@ class RdmaNode:
         links = json.loads(self.run("ip", "-j", "-d", "link").stdout)
         subs = [link["ifname"] for link in links
                 if link.get("linkinfo", {}).get("info_kind") in ("macvlan", "ipvlan")]
-        records = self.run("sh", "-c", f"ls {STATE_DIR}/{network}/*.json 2>/dev/null || true").stdout.split()
-        leases = [p for p in self.run("sh", "-c", f"ls {IPAM_DIR}/{network} 2>/dev/null || true").stdout.split()
+        records = self.files(f"{STATE_DIR}/{network}", "*.json")
+        leases = [p for p in self.files(f"{IPAM_DIR}/{network}", "*")
                   if p != "lock" and not p.startswith("last_reserved_ip")]
         netns = self.run("ip", "netns", "list").stdout.split()
         return {"sub-interfaces": subs, "records": records, "leases": leases, "namespaces": netns}
+
+    def files(self, folder: str, pattern: str) -> list[str]:
+        """Names in `folder` matching `pattern` (none when the folder does not exist)."""
+        out = self.run("find", folder, "-maxdepth", "1", "-type", "f", "-name", pattern, check=False)
+        return sorted(line.rsplit("/", 1)[-1] for line in out.stdout.split())
+
+    def gid_ndevs(self, device: str, address: str) -> list[str]:
+        """The ndevs of the device's RoCE v2 GID entries whose GID is `address`, read by the
+        project's own sysfs reader (the first 16 entries: all of rxe's take minutes under emulation)."""
+        script = ("import json,sys\n"
+                  "from rdma_netns.kernel import rdma_sysfs\n"
+                  "from rdma_netns.kernel.inet import Prefix\n"
+                  "want = rdma_sysfs.gid_text(Prefix.parse(sys.argv[2]))\n"
+                  "print(json.dumps([g.ndev for g in rdma_sysfs.gids(rdma_sysfs.RdmaPort(sys.argv[1], 1), 16)\n"
+                  "                  if g.gid == want and g.gid_type == 'RoCE v2']))\n")
+        return json.loads(self.run(str(REPO / ".venv" / "bin" / "python"), "-c", script, device, address).stdout)
 
     def rdma_devices(self, pod: str | None = None) -> list[str]:
         out = (self.in_pod(pod, "rdma", "-j", "dev") if pod else self.run("rdma", "-j", "dev")).stdout
@@ -131,8 +147,9 @@ def two_nodes(tmp_path_factory):
             rig.boot()
         except NodeError as err:
             pytest.fail(f"two-node rig: {err}")  # a guest that does not boot fails the suite, never skips it
-        GUEST_REPORT.append(f"two-node rig: both guests up {rig.boot_s:.0f} s after launch (one vCPU each, "
-                            f"booted at once); consoles in {rig.nodes[0].results.parent}")
+        per_node = ", ".join(f"{n.name} {n.booted_s:.0f} s" for n in rig.nodes)
+        GUEST_REPORT.append(f"two-node rig: both guests up {rig.boot_s:.0f} s after launch ({per_node}; one vCPU "
+                            f"each, booted at once); consoles in {rig.nodes[0].results.parent}")
         nodes = [RdmaNode(n) for n in rig.nodes]
         for node in nodes:
             node.install()

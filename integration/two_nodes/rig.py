@@ -37,9 +37,6 @@ class Reply:
     stderr: str
     seconds: float
 
-    def json(self) -> object:
-        return json.loads(self.stdout)
-
 
 class NodeError(AssertionError):
     pass
@@ -113,12 +110,7 @@ class Node:
             if time.monotonic() > deadline:
                 raise NodeError(f"{self.name}: no reply to {request} within {timeout + 60:.0f} s")
             time.sleep(0.02)
-        for _ in range(50):  # the rename is atomic on the host's side; a guest's write may lag a moment
-            try:
-                reply = json.loads(out.read_text())
-                break
-            except json.JSONDecodeError:
-                time.sleep(0.05)
+        reply = json.loads(out.read_text())  # the agent renames a complete file into place
         out.unlink()
         return reply
 
