@@ -37,17 +37,25 @@ def read_json(path: str) -> object | None:
 
 
 def write_json_atomic(path: str, value: object) -> None:
-    """Write via a temporary file and rename, so a reader sees the old or the new file, whole.
+    """Write `value` as JSON, 0600, atomically (see write_atomic)."""
+    write_atomic(path, jsonio.dumps(value).encode())
+
+
+def write_atomic(path: str, data: bytes, mode: int = 0o600) -> None:
+    """Write via a temporary file in the same folder and rename, so a reader sees the old or the
+    new file, whole; the file gets `mode` (0600 unless it is meant to be read by others).
 
     No fsync: the state protects against a crash of the plugin process, and after a node reboot
     every pod namespace is gone anyway; a file truncated by power loss reads as missing.
     """
     tmp = f"{path}.tmp.{os.getpid()}"
     remove(tmp)  # left by a killed process that had our pid
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(jsonio.dumps(value))
+        with os.fdopen(fd, "wb") as f:
+            if mode & ~0o600:
+                os.fchmod(f.fileno(), mode)  # the umask may have taken bits away
+            f.write(data)
         os.rename(tmp, path)
     except BaseException:
         try:
