@@ -1,0 +1,76 @@
+"""The start-up rule the README states, enforced: after a network config's first call (its one
+pydantic validation, then cached), ADD, CHECK and DEL import nothing heavy.
+
+Each call runs the installed package in a fresh interpreter inside the test's node namespace, on
+real pod namespaces and Debian's host-local, and reports the modules it loaded. The first ADD of a
+new config is the negative control: it must show pydantic, which proves the probe sees imports.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+# What the README's "Speed" section says the CNI hot path does not load, and why:
+FORBIDDEN = {
+    "pyroute2": "~0.3 s to import; the stdlib netlink codec serves the hot path",
+    "pydantic": "~0.15 s; the verdict on a config is cached",
+    "pydantic_core": "comes with pydantic",
+    "ipaddress": "inet_pton does the parsing",
+    "subprocess": "posix_spawn runs the IPAM plugin",
+    "json": "the C _json scanner (jsonio) is the codec",
+    "dataclasses": "imports inspect (~10 ms); hot-path types are __slots__ classes",
+    "inspect": "heavy, and a sign of dataclasses or typing machinery",
+    "typing": "annotations stay strings (from __future__ import annotations)",
+    "grpc": "the pairing query goes through the device plugin's broker",
+    "google": "protobuf comes with grpc",
+    "logging": "stderr lines are written directly",
+}
+FORBIDDEN_OWN = ("rdma_netns.admin", "rdma_netns.config.model", "rdma_netns.kernel.rdma_netlink")
+
+PROBE = (
+    "import sys\n"
+    "before = set(sys.modules)\n"
+    "from rdma_netns import entry\n"
+    "env = dict(zip(sys.argv[1::2], sys.argv[2::2]))\n"
+    "rc = entry.run_cni(env, sys.stdin.buffer.read())\n"
+    "sys.stderr.write('LOADED ' + ' '.join(sorted(set(sys.modules) - before)) + '\\n')\n"
+    "sys.stderr.write('RC %d\\n' % rc)\n"
+)
+
+
+def run_probe(node, command: str, conf: dict, pod: str | None, container_id: str) -> tuple[set[str], str]:
+    """(modules the call loaded, its stdout)"""
+    env = {"CNI_COMMAND": command, "CNI_CONTAINERID": container_id, "CNI_IFNAME": conf["rails"][0]["ifname"],
+           "CNI_NETNS": node.netns_path(pod) if pod else "", "CNI_PATH": "/usr/lib/cni"}
+    argv = [item for pair in env.items() for item in pair]
+    proc = subprocess.run(["ip", "netns", "exec", node.name, sys.executable, "-I", "-c", PROBE, *argv],
+                          input=json.dumps(conf).encode(), capture_output=True, timeout=60)
+    err = proc.stderr.decode()
+    lines = dict(line.split(" ", 1) for line in err.splitlines() if line.startswith(("LOADED ", "RC ")))
+    assert lines.get("RC") == "0", f"{command} failed: {proc.stdout.decode()} {err}"
+    return set(lines.get("LOADED", "").split()), proc.stdout.decode()
+
+
+def heavy(loaded: set[str]) -> list[str]:
+    return sorted(m for m in loaded
+                  if m.split(".")[0] in FORBIDDEN or m.startswith(FORBIDDEN_OWN))
+
+
+def test_add_check_del_import_nothing_heavy_after_the_first_call(node):
+    conf = node.conf(rails=2)
+    first_pod, pod = node.pod(), node.pod()
+
+    first, _ = run_probe(node, "ADD", conf, first_pod, "warm")
+    assert "pydantic" in first, "the probe must see the first call's validation (negative control)"
+
+    calls = {}
+    calls["ADD"], result = run_probe(node, "ADD", conf, pod, "c1")
+    calls["CHECK"], _ = run_probe(node, "CHECK", dict(conf, prevResult=json.loads(result)), pod, "c1")
+    calls["DEL"], _ = run_probe(node, "DEL", conf, pod, "c1")
+    calls["DEL again (CNI_NETNS='')"], _ = run_probe(node, "DEL", conf, None, "c1")
+    for command, loaded in calls.items():
+        assert heavy(loaded) == [], f"{command} loaded {heavy(loaded)}: " + \
+            "; ".join(f"{m.split('.')[0]}: {FORBIDDEN.get(m.split('.')[0], 'see README')}" for m in heavy(loaded))
+    assert "rdma_netns.plugin" in calls["ADD"], "the probe ran the real ADD"
