@@ -83,7 +83,10 @@ def boot_guest(tmp_path_factory, label: str, guest_args: list[str], suite_args: 
                            "bash", str(GUEST / "run-suite.sh"), *suite_args],
                           cwd=REPO, stdin=subprocess.DEVNULL)
     run = GuestRun(results, proc.returncode, time.monotonic() - start)
-    GUEST_REPORT.append(f"{label} run: exit {proc.returncode} after {run.seconds:.0f} s (boot included); "
+    attempts = (results / "boot-attempts").read_text().strip() if (results / "boot-attempts").exists() else "1"
+    retried = "" if attempts == "1" else \
+        f"; booted on attempt {attempts}, the failed boots' consoles are console.attempt*.log"
+    GUEST_REPORT.append(f"{label} run: exit {proc.returncode} after {run.seconds:.0f} s (boot included{retried}); "
                         f"console and reports: {results}")
     GUEST_REPORT.extend(timing_summary(results / "timings.jsonl"))
     facts = results / "exclusive-boot-facts.jsonl"

@@ -5,7 +5,7 @@
 #
 #   run-in-guest.sh [--timeout S] [--memory M] [--cpus N] [--results DIR] [--rwdir DIR]...
 #                   [--net-loop] [--qemu-opt ARG]... [--kernel-arg ARG]... [--name NAME]
-#                   [--verbose] -- <command> [args...]
+#                   [--boot-attempts N] -- <command> [args...]
 #
 # The guest shares the host's root filesystem read-only with writable
 # copy-on-write overlays (what the guest writes is lost), except the --results
@@ -23,6 +23,14 @@
 # --kernel-arg adds one option to the guest kernel's command line (vng --append),
 # e.g. ib_core.netns_mode=0 to boot with the RDMA subsystem in exclusive mode.
 #
+# The kernel's boot console is always kept in <results>/console.log (vng
+# --verbose): a guest that dies before the command starts leaves its reason
+# there. Such a guest (no kernel output of the command, not a timeout) is
+# booted again, up to --boot-attempts times (default 2) within the same
+# --timeout; each failed attempt's console stays as console.attempt<N>.log and
+# <results>/boot-attempts says how many boots it took. A command that started
+# is never run twice.
+#
 # Exit codes: the command's own; 124 when --timeout (default 900 s, boot
 # included) ran out; 125 when the guest failed to boot or died before the
 # command finished (kernel panic, qemu error); 2 for usage errors.
@@ -36,13 +44,14 @@ CACHE=${RDMA_NETNS_KERNEL_CACHE:-/var/cache/rdma-netns-kernel}
 TIMEOUT=900
 MEMORY=2G
 RESULTS=""
-VERBOSE=0
+
 NET_LOOP=0
 RWDIRS=()
 KERNEL_ARGS=()
 QEMU_OPTS=()
 CPUS=""
 NAME=""
+BOOT_ATTEMPTS=2
 
 die() { echo "run-in-guest: ERROR: $1" >&2; exit "${2:-1}"; }
 usage() { sed -n '2,/^set -euo/{/^#/s/^# \{0,1\}//p}' "$0" >&2; exit 2; }
@@ -58,7 +67,8 @@ while [ $# -gt 0 ]; do
         --qemu-opt) QEMU_OPTS+=("${2:?}"); shift 2 ;;
         --cpus) CPUS=${2:?}; shift 2 ;;
         --name) NAME=${2:?}; shift 2 ;;
-        --verbose|-v) VERBOSE=1; shift ;;
+        --boot-attempts) BOOT_ATTEMPTS=${2:?}; shift 2 ;;
+        --verbose|-v) shift ;;  # the boot console is always shown now; kept for old callers
         --) shift; break ;;
         -h|--help) usage ;;
         *) echo "run-in-guest: unknown option $1 (the command goes after --)" >&2; usage ;;
@@ -66,6 +76,7 @@ while [ $# -gt 0 ]; do
 done
 [ $# -gt 0 ] || usage
 [[ $TIMEOUT =~ ^[0-9]+$ ]] || die "--timeout wants seconds" 2
+[[ $BOOT_ATTEMPTS =~ ^[1-9][0-9]*$ ]] || die "--boot-attempts wants a number from 1" 2
 
 if [ -r "$CACHE/kernel.env" ]; then
     KERNEL=${KERNEL:-$(sed -n 's/^KERNEL=//p' "$CACHE/kernel.env")}
@@ -86,7 +97,7 @@ else
     mkdir -p "$RESULTS"
 fi
 RESULTS=$(cd "$RESULTS" && pwd)
-rm -f "$RESULTS/.guest-booted" "$RESULTS/.guest-rc"
+rm -f "$RESULTS/.guest-booted" "$RESULTS/.guest-rc" "$RESULTS"/console.attempt*.log "$RESULTS/boot-attempts"
 
 # The command travels as a script file in the results folder, not on the vng
 # command line: vng passes --exec through the kernel command line (base64),
@@ -116,7 +127,8 @@ VNG_ARGS=(-r "$KERNEL" --disable-kvm --memory "$MEMORY" --rwdir="$RESULTS")
 for d in "${RWDIRS[@]}"; do VNG_ARGS+=(--rwdir="$d"); done
 # only "loop": the other vng network modes reach the host's network
 [ $NET_LOOP = 1 ] && VNG_ARGS+=(--network loop)
-[ $VERBOSE = 1 ] && VNG_ARGS+=(--verbose)
+# always: the boot console is the only record of why a guest died before the command
+VNG_ARGS+=(--verbose)
 for a in "${KERNEL_ARGS[@]}"; do VNG_ARGS+=(--append "$a"); done
 [ -n "$CPUS" ] && VNG_ARGS+=(--cpus "$CPUS")
 [ -n "$NAME" ] && VNG_ARGS+=(--name "$NAME")
@@ -127,22 +139,32 @@ for o in "${QEMU_OPTS[@]}"; do [[ $o != *[[:space:]]* ]] || die "--qemu-opt: no 
 
 echo "run-in-guest: kernel $KERNEL, timeout ${TIMEOUT}s, results in $RESULTS" >&2
 t0=$(date +%s)
-# vng starts its helpers (virtme-run, ...) through PATH.
-# `timeout` signals its whole process group, so qemu dies with vng.
-# stdin from /dev/null: vng must not grab the caller's terminal (CI has none).
-set +e
-PATH="$(dirname "$VNG"):$PATH" timeout -k 20 "$TIMEOUT" "$VNG" "${VNG_ARGS[@]}" </dev/null 2>&1 |
-    tee "$RESULTS/console.log"
-vrc=${PIPESTATUS[0]}
-set -e
-elapsed=$(( $(date +%s) - t0 ))
-
-if [ ! -e "$RESULTS/.guest-booted" ]; then
+attempt=0
+while :; do
+    attempt=$((attempt + 1))
+    echo "$attempt" > "$RESULTS/boot-attempts"
+    left=$(( TIMEOUT - ($(date +%s) - t0) ))
+    [ "$left" -gt 0 ] || die "guest did not boot within ${TIMEOUT}s (console: $RESULTS/console.attempt$((attempt - 1)).log)" 124
+    # vng starts its helpers (virtme-run, ...) through PATH.
+    # `timeout` signals its whole process group, so qemu dies with vng.
+    # stdin from /dev/null: vng must not grab the caller's terminal (CI has none).
+    set +e
+    PATH="$(dirname "$VNG"):$PATH" timeout -k 20 "$left" "$VNG" "${VNG_ARGS[@]}" </dev/null 2>&1 |
+        tee "$RESULTS/console.log"
+    vrc=${PIPESTATUS[0]}
+    set -e
+    elapsed=$(( $(date +%s) - t0 ))
+    [ -e "$RESULTS/.guest-booted" ] && break
     if [ "$vrc" = 124 ] || [ "$vrc" = 137 ]; then
-        die "guest did not boot within ${TIMEOUT}s (try --verbose; console: $RESULTS/console.log)" 124
+        die "guest did not boot within ${TIMEOUT}s (console: $RESULTS/console.log)" 124
     fi
-    die "guest failed to boot (vng exit $vrc after ${elapsed}s; try --verbose; console: $RESULTS/console.log)" 125
-fi
+    if [ "$attempt" -ge "$BOOT_ATTEMPTS" ]; then
+        die "guest failed to boot (vng exit $vrc after ${elapsed}s, attempt $attempt of $BOOT_ATTEMPTS; console: $RESULTS/console.log)" 125
+    fi
+    mv "$RESULTS/console.log" "$RESULTS/console.attempt$attempt.log"
+    echo "run-in-guest: WARNING: guest died before the command started (vng exit $vrc after ${elapsed}s;" \
+         "its boot console: $RESULTS/console.attempt$attempt.log); booting again" >&2
+done
 if [ ! -s "$RESULTS/.guest-rc" ]; then
     if [ "$vrc" = 124 ] || [ "$vrc" = 137 ]; then
         die "guest command timed out after ${TIMEOUT}s (console: $RESULTS/console.log)" 124

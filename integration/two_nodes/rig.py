@@ -64,7 +64,9 @@ class Node:
 
     def boot(self) -> None:
         argv = [str(RUN_IN_GUEST), "--timeout", str(SESSION_TIMEOUT_S), "--cpus", "1", "--memory", "1536M",
-                "--name", self.name, "--results", str(self.results)]
+                "--name", self.name, "--results", str(self.results),
+                # one boot: a second QEMU could not bind the wires' unix sockets the first one left
+                "--boot-attempts", "1"]
         for opt in self.qemu_opts:
             argv += ["--qemu-opt", opt]
         argv += ["--", "/usr/bin/python3", str(AGENT)]
