@@ -38,6 +38,7 @@ import argparse
 import json
 import os
 import re
+import secrets
 import shutil
 import statistics
 import subprocess
@@ -71,6 +72,15 @@ def pod_names(n: int, tag: str) -> list[str]:
     return [f"{POD_PREFIX}{tag}-{i}" for i in range(n)]
 
 
+# Container IDs as containerd makes them (64 random hex digits), one per pod for the whole run:
+# sequential names would hide how a lock keyed by the ID spreads unrelated pods.
+CONTAINER_IDS: dict[str, str] = {}
+
+
+def container_id(pod: str) -> str:
+    return CONTAINER_IDS.setdefault(pod, secrets.token_hex(32))
+
+
 def run_pod(variant: Variant, command: str, pod: str, trace_dir: str | None) -> tuple[float, float, list[Call]]:
     """One pod's ADD or DEL (all of its calls, in order; DEL in reverse). Returns start, wall, calls."""
     netns = f"{common.NETNS_DIR}/{pod}"
@@ -81,7 +91,7 @@ def run_pod(variant: Variant, command: str, pod: str, trace_dir: str | None) -> 
         if trace_dir:
             argv = ["/usr/bin/strace", "-f", "--seccomp-bpf", "-qq", "-Y", "-T", "-e",
                     "trace=flock,clock_nanosleep", "-o", f"{trace_dir}/{pod}.{command}.{ifname}"] + argv
-        call = spawn(argv, stdin, cni_env(command, pod, netns, ifname))
+        call = spawn(argv, stdin, cni_env(command, container_id(pod), netns, ifname))
         out.append(call)
         if call.rc != 0:
             break
@@ -251,7 +261,7 @@ def run_inner(args: argparse.Namespace) -> dict:
 
     # --- stripe collisions: which pods' attachments share one of the plugin's 256 lock stripes
     names = pod_names(npods, "ours")
-    stripes = Counter(common.lock_stripe(n, POD_IFNAME) for n in names)
+    stripes = Counter(common.lock_stripe(container_id(n), POD_IFNAME) for n in names)
     out["lock_stripes"] = {"stripes_used": len(stripes),
                            "pods_sharing_a_stripe": sum(c for c in stripes.values() if c > 1)}
 
