@@ -5,7 +5,13 @@ Every invocation is a fresh process started the way a runtime starts it (env + s
 fresh pod namespace per iteration, so process start-up is included, as it is on a node. The
 plugins run inside a private "node" namespace with veth-backed rails, so the host is untouched.
 
-    sudo python3 integration/bench/cni_add_del.py --rdma-netns .venv/bin/rdma-netns [--iterations 40]
+    sudo python3 integration/bench/cni_add_del.py --rdma-netns .venv/bin/rdma-netns [--iterations 30]
+        [--baseline /tmp/old-venv/bin/rdma-netns]
+
+--baseline adds another build's cases to the same run (e.g. the previous commit installed into a
+temp venv), so that a change's effect is measured side by side, not against figures from another
+day on a noisy VM. The configs say "requireRdma": false (no RDMA hardware here), so a real node's
+wait for each address's RoCE v2 GID is not in these figures.
 
 Prints medians, p90 and the ratios the project tracks. Needs root, iproute2 and Debian's
 containernetworking-plugins (/usr/lib/cni). rdma-netns runs through the launcher a node's CNI
@@ -68,13 +74,13 @@ def ipam(data_dir: str, subnet: str) -> dict:
     return {"type": "host-local", "dataDir": data_dir, "ranges": [[{"subnet": subnet}]]}
 
 
-def build_cases(plugin: str, data_dir: str, state_dir: str) -> list[Case]:
-    def ours(name: str, rails: int) -> Case:
+def build_cases(plugin: str, data_dir: str, state_dir: str, baseline: str | None = None) -> list[Case]:
+    def ours(name: str, rails: int, executable: str = plugin) -> Case:
         conf = {"cniVersion": "1.1.0", "name": name, "type": "rdma-netns", "mode": "shared", "requireRdma": False,
                 "stateDir": state_dir,
                 "rails": [{"netdev": f"rail{i}", "ifname": f"rdma{i}", "ipam": ipam(data_dir, f"fd00:{i + 1}::/64")}
                           for i in range(rails)]}
-        return Case(name, plugin, conf, "net1")
+        return Case(name, executable, conf, "net1")
 
     def go(name: str, subnet: str) -> Case:
         conf = {"cniVersion": "1.0.0", "name": name, "type": "macvlan", "master": "rail0", "mode": "bridge",
@@ -84,7 +90,9 @@ def build_cases(plugin: str, data_dir: str, state_dir: str) -> list[Case]:
     return [
         go("go-macvlan-ipv4", "10.77.0.0/16"),
         ours("rdma-netns-ipv6-1rail", 1),
+        *([ours("baseline-ipv6-1rail", 1, baseline)] if baseline else []),
         ours("rdma-netns-ipv6-8rails", 8),
+        *([ours("baseline-ipv6-8rails", 8, baseline)] if baseline else []),
         go("go-macvlan-ipv6", "fd00:77::/64"),
     ]
 
@@ -92,7 +100,7 @@ def build_cases(plugin: str, data_dir: str, state_dir: str) -> list[Case]:
 def run_inside_node(args: argparse.Namespace) -> dict:
     data_dir = tempfile.mkdtemp(prefix="rnbench-ipam-")
     state_dir = tempfile.mkdtemp(prefix="rnbench-state-")
-    cases = build_cases(args.plugin, data_dir, state_dir)
+    cases = build_cases(args.plugin, data_dir, state_dir, args.baseline_plugin)
     cold = {}
     for case in cases:
         iterations = args.iterations if "go-macvlan-ipv6" != case.name else max(5, args.iterations // 3)
@@ -127,6 +135,11 @@ def run_inside_node(args: argparse.Namespace) -> dict:
         / c["rdma-netns-ipv6-1rail"]["add_median_ms"],
         "ours_ipv6_del / go_ipv4_del": c["rdma-netns-ipv6-1rail"]["del_median_ms"] / c["go-macvlan-ipv4"]["del_median_ms"],
     }
+    if "baseline-ipv6-1rail" in c:
+        for rails in ("1rail", "8rails"):
+            for what in ("add", "del"):
+                out["ratios"][f"ours_{rails}_{what} / baseline_{rails}_{what}"] = \
+                    c[f"rdma-netns-ipv6-{rails}"][f"{what}_median_ms"] / c[f"baseline-ipv6-{rails}"][f"{what}_median_ms"]
     return out
 
 
@@ -136,7 +149,7 @@ def report(out: dict) -> None:
         print(f"{name:<26} {c['add_median_ms']:8.1f} {c['add_p90_ms']:8.1f} {c['del_median_ms']:8.1f} "
               f"{c['del_p90_ms']:8.1f} {c['first_add_ms']:8.1f}")
     for name, value in out["ratios"].items():
-        print(f"{name:<34} {value:6.2f}x")
+        print(f"{name:<40} {value:6.2f}x")
 
 
 def main() -> int:
@@ -144,7 +157,9 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--rdma-netns", default=shutil.which("rdma-netns") or "rdma-netns",
                         help="the installed rdma-netns executable (its package is what gets measured)")
+    parser.add_argument("--baseline", help="another installed rdma-netns executable, measured in the same run")
     parser.add_argument("--plugin", help=argparse.SUPPRESS)  # the launcher, set by the outer run
+    parser.add_argument("--baseline-plugin", help=argparse.SUPPRESS)
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -155,12 +170,18 @@ def main() -> int:
         bin_dir = tempfile.mkdtemp(prefix="rnbench-cni-bin-")
         launcher = os.path.join(bin_dir, "rdma-netns")
         subprocess.run([args.rdma_netns, "install-launcher", launcher], check=True, stdout=subprocess.DEVNULL)
+        baseline = None
+        if args.baseline:
+            baseline = os.path.join(bin_dir, "rdma-netns-baseline")
+            subprocess.run([args.baseline, "install-launcher", baseline], check=True, stdout=subprocess.DEVNULL)
         setup_node(rails=8)
         try:
             cmd = ["ip", "netns", "exec", NODE, sys.executable, os.path.abspath(__file__), "--inner",
                    "--iterations", str(args.iterations), "--plugin", launcher]
             if args.json:
                 cmd += ["--json", os.path.abspath(args.json)]
+            if baseline:
+                cmd += ["--baseline-plugin", baseline]
             return subprocess.run(cmd).returncode
         finally:
             subprocess.run(["ip", "netns", "del", NODE])
