@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from rdma_netns_dp.discovery import RdmaDevice, Sysfs, fresh_char_devices
+from rdma_netns.kernel.rdma_devices import DeviceSysfs, RdmaDevice
 
 RDMA_CM = "rdma_cm"
 
@@ -38,12 +38,12 @@ def cdi_kind(slug: str) -> str:
     return f"rdma-netns.io/{slug}"
 
 
-def grant(devices: list[RdmaDevice], sysfs: Sysfs, dev_root: str, resource_name: str, slug: str,
+def grant(devices: list[RdmaDevice], sysfs: DeviceSysfs, dev_root: str, resource_name: str, slug: str,
           include_umad: bool, use_cdi: bool, skip_leaving: bool = False) -> ContainerGrant:
     """skip_leaving (shared mode): a device unplugged since the last poll is left out, as long as
     another one remains; kubelet does not retry a failed Allocate, so failing would fail the pod."""
     names = sorted({d.name for d in devices})
-    chars = fresh_char_devices(sysfs, names)
+    chars = sysfs.fresh_char_devices(names)
     if skip_leaving:
         staying = [n for n in names if chars[n][0] is not None]
         if staying:

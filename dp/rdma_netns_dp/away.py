@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 
-from rdma_netns_dp.discovery import CharDevice
+from rdma_netns.kernel.rdma_devices import CharDevice
 
 log = logging.getLogger("rdma_netns_dp.away")
 

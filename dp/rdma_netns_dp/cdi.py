@@ -11,7 +11,7 @@ import json
 import os
 
 from rdma_netns_dp.allocation import RDMA_CM, cdi_kind
-from rdma_netns_dp.discovery import RdmaDevice
+from rdma_netns.kernel.rdma_devices import RdmaDevice
 
 CDI_VERSION = "0.6.0"
 

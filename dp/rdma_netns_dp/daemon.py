@@ -13,7 +13,7 @@ from dataclasses import replace
 from rdma_netns_dp import away, cdi, kernel_mode
 from rdma_netns_dp.cni_state import device_netns
 from rdma_netns_dp.config import DevicePluginConfig
-from rdma_netns_dp.discovery import RdmaDevice, Sysfs, fresh_char_devices
+from rdma_netns.kernel.rdma_devices import DeviceSysfs, RdmaDevice
 from rdma_netns_dp.inventory import Pool
 from rdma_netns_dp.pod_grants import PodGrantsServer
 from rdma_netns_dp.resource_plugin import ResourcePlugin
@@ -24,7 +24,7 @@ log = logging.getLogger("rdma_netns_dp.daemon")
 class Daemon:
     def __init__(self, config: DevicePluginConfig) -> None:
         self.config = config
-        self.sysfs = Sysfs(config.sysfsRoot)
+        self.sysfs = DeviceSysfs(config.sysfsRoot)
         self.mode = kernel_mode.resolve(config.mode, self.sysfs)
         self.stop_event = threading.Event()
         self.pools = [Pool(resource, self.mode) for resource in config.resources]
@@ -82,7 +82,7 @@ class Daemon:
                 uverbs = found[0]
             else:
                 if fresh is None:
-                    fresh = fresh_char_devices(self.sysfs, sorted(pool.in_pods))
+                    fresh = self.sysfs.fresh_char_devices(sorted(pool.in_pods))
                 uverbs = fresh.get(name, (None, ()))[0] or last.uverbs
             if uverbs is not None and uverbs != last.uverbs:
                 log.info("device away in a pod has a new uverbs node", extra={

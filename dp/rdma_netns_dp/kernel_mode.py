@@ -11,19 +11,19 @@ from __future__ import annotations
 
 import logging
 
-from rdma_netns_dp.discovery import Sysfs
+from rdma_netns.kernel.rdma_devices import DeviceSysfs
 
 log = logging.getLogger("rdma_netns_dp.kernel_mode")
 
 
-def resolve(configured: str, sysfs: Sysfs) -> str:
+def resolve(configured: str, sysfs: DeviceSysfs) -> str:
     """The mode the resources run in: the configured one, or the kernel's when 'auto'."""
     if configured != "auto":
         return configured
     return sysfs.netns_mode() or "shared"
 
 
-def mismatch(wanted: str, sysfs: Sysfs) -> str | None:
+def mismatch(wanted: str, sysfs: DeviceSysfs) -> str | None:
     """Why devices cannot be offered in `wanted` mode now (None when the kernel agrees)."""
     current = sysfs.netns_mode()
     if current is None or current == wanted:
@@ -33,7 +33,7 @@ def mismatch(wanted: str, sysfs: Sysfs) -> str | None:
             "--ensure-kernel-mode before pods run")
 
 
-def ensure(wanted: str, sysfs: Sysfs) -> bool:
+def ensure(wanted: str, sysfs: DeviceSysfs) -> bool:
     """Set the kernel's mode to `wanted` if it differs and nothing blocks it; log the outcome."""
     current = sysfs.netns_mode()
     if current is None:

@@ -82,9 +82,9 @@ def _serve(args: argparse.Namespace) -> int:
 def _devices(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from rdma_netns_dp.discovery import Sysfs
+    from rdma_netns.kernel.rdma_devices import DeviceSysfs
 
-    sysfs = Sysfs(args.sysfs_root)
+    sysfs = DeviceSysfs(args.sysfs_root)
     found = sysfs.devices()
     if args.json:
         print(json.dumps({"netnsMode": sysfs.netns_mode(), "devices": [asdict(d) for d in found]}, indent=2))

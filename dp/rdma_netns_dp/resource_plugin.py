@@ -17,7 +17,7 @@ from concurrent import futures
 import grpc
 
 from rdma_netns_dp.api.deviceplugin.v1beta1 import api_pb2_grpc
-from rdma_netns_dp.discovery import Sysfs
+from rdma_netns.kernel.rdma_devices import DeviceSysfs
 from rdma_netns_dp.inventory import Pool
 from rdma_netns_dp.registration import RegistrationFailed, WatcherRegistration, register, serve_watcher
 from rdma_netns_dp.servicer import DevicePluginServicer
@@ -37,7 +37,7 @@ def _inode(path: str) -> tuple[int, int, int] | None:
 
 
 class ResourcePlugin:
-    def __init__(self, pool: Pool, sysfs: Sysfs, kubelet_dir: str, dev_root: str, use_cdi: bool,
+    def __init__(self, pool: Pool, sysfs: DeviceSysfs, kubelet_dir: str, dev_root: str, use_cdi: bool,
                  registration: str, workers: int = 32) -> None:
         self.pool = pool
         self.sysfs = sysfs

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fnmatch import fnmatchcase
 
 from rdma_netns_dp.config import Selectors
-from rdma_netns_dp.discovery import RdmaDevice
+from rdma_netns.kernel.rdma_devices import RdmaDevice
 
 
 def _any_glob(values: tuple[str, ...] | list[str], patterns: list[str]) -> bool:

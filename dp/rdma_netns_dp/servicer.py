@@ -10,7 +10,7 @@ import grpc
 
 from rdma_netns_dp.allocation import AllocationError, ContainerGrant, grant
 from rdma_netns_dp.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from rdma_netns_dp.discovery import Sysfs
+from rdma_netns.kernel.rdma_devices import DeviceSysfs
 from rdma_netns_dp.inventory import HEALTHY, UNHEALTHY, Pool, Unit, UnknownDevice
 from rdma_netns_dp.preferred import preferred
 
@@ -35,7 +35,7 @@ def _response(g: ContainerGrant) -> api_pb2.ContainerAllocateResponse:
 
 
 class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
-    def __init__(self, pool: Pool, sysfs: Sysfs, dev_root: str, use_cdi: bool) -> None:
+    def __init__(self, pool: Pool, sysfs: DeviceSysfs, dev_root: str, use_cdi: bool) -> None:
         self.pool = pool
         self.sysfs = sysfs
         self.dev_root = dev_root

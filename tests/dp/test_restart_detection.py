@@ -12,7 +12,7 @@ import pytest
 
 from rdma_netns_dp import registration, resource_plugin
 from rdma_netns_dp.config import ResourceConfig
-from rdma_netns_dp.discovery import Sysfs
+from rdma_netns.kernel.rdma_devices import DeviceSysfs
 from rdma_netns_dp.inventory import Pool
 from tests.dp.conftest import INTERVAL, RESOURCE, SOCKET, Host
 from tests.kubelet_standin import wait_for_path
@@ -35,7 +35,7 @@ def inproc(host: Host):
     ticked by the test itself as the daemon's health loop would."""
     pool = Pool(ResourceConfig(name=RESOURCE, sharedUnits=4), "shared")
     pool.update([])
-    plugin = resource_plugin.ResourcePlugin(pool, Sysfs(str(host.fake.sys)), str(host.kubelet_dir),
+    plugin = resource_plugin.ResourcePlugin(pool, DeviceSysfs(str(host.fake.sys)), str(host.kubelet_dir),
                                             host.dev_root, use_cdi=False, registration="kubelet", workers=4)
     yield plugin
     plugin.stop()

@@ -46,7 +46,7 @@ def sysfs(tmp_path, monkeypatch):
         write(port / "gids/1", "fd00:0001:0000:0000:0000:0000:0000:0005")
         write(port / "gid_attrs/ndevs/2", "rdma0")
     write(root / "module/ib_core/parameters/netns_mode", "Y")
-    monkeypatch.setattr(rdma_sysfs, "SYSFS", str(root))
+    monkeypatch.setattr(rdma_sysfs.default, "root", str(root))
     return root
 
 

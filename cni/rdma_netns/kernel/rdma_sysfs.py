@@ -1,8 +1,16 @@
-"""RDMA facts read from sysfs: which RDMA device backs a netdev, its GID table, the netns mode.
+"""The one reader of the kernel's RDMA sysfs, for the CNI plugin, the device plugin and the admin tool.
 
 sysfs answers these without a NETLINK_RDMA round trip (and without importing pyroute2), which
-keeps them cheap enough for every ADD. Paths follow the kernel's layout:
-/sys/class/infiniband/<dev>/ports/<p>/gids/<i>, .../gid_attrs/{ndevs,types}/<i>.
+keeps them cheap enough for every ADD and for the device plugin's once-a-second health pass.
+Paths follow the kernel's layout: /sys/class/infiniband/<dev>/{device,parent,ports/<p>/...},
+.../ports/<p>/gids/<i>, .../gid_attrs/{ndevs,types}/<i>, /sys/class/infiniband_{verbs,mad}/*/ibdev.
+
+`RdmaSysfs(root)` reads the tree under `root` (the real /sys, a test tree, or a pod's sysfs view).
+The module-level functions are the CNI's names for the same reads on `default`, whose root is
+$RDMA_NETNS_SYSFS_ROOT or /sys; tests re-root it with `use_root(path)` (or monkeypatch
+`default.root`). Standard library only, no dataclasses: the CNI hot path imports this module.
+The device plugin's per-device record (PCI facts, char devices) is built in kernel/rdma_devices.py
+from these reads.
 """
 
 from __future__ import annotations
@@ -11,10 +19,6 @@ import os
 import time
 
 from rdma_netns.kernel.inet import Prefix
-
-# Tests point this at a kernel-shaped tree (PCI functions, RDMA devices) on machines without
-# RDMA hardware; a node never sets it.
-SYSFS = os.environ.get("RDMA_NETNS_SYSFS_ROOT") or "/sys"
 
 
 def _read(path: str) -> str | None:
@@ -25,57 +29,16 @@ def _read(path: str) -> str | None:
         return None
 
 
-def subsystem_present() -> bool:
-    """True when the kernel has an RDMA core (ib_core loaded)."""
-    return os.path.isdir(f"{SYSFS}/class/infiniband") or os.path.isdir(f"{SYSFS}/module/ib_core")
-
-
-def netns_mode() -> str | None:
-    """'shared' or 'exclusive', read live from ib_core's netns_mode parameter (None: no RDMA core).
-
-    The parameter is the kernel's own ib_devices_shared_netns flag, which RDMA_NLDEV_CMD_SYS_SET
-    changes at run time, so this reflects the current mode, not only the boot value.
-    """
-    value = _read(f"{SYSFS}/module/ib_core/parameters/netns_mode")
-    if value is None:
-        return None
-    return "shared" if value in ("Y", "1") else "exclusive"
-
-
-def devices() -> list[str]:
+def _list(path: str) -> list[str]:
     try:
-        return sorted(os.listdir(f"{SYSFS}/class/infiniband"))
+        return sorted(os.listdir(path))
     except OSError:
         return []
-
-
-def ports(device: str) -> list[int]:
-    try:
-        return sorted(int(p) for p in os.listdir(f"{SYSFS}/class/infiniband/{device}/ports") if p.isdigit())
-    except OSError:
-        return []
-
-
-def netdevs_of_device(device: str) -> list[str]:
-    """The netdevs an RDMA device runs on: its PCI function's netdevs, or a soft device's parent."""
-    base = f"{SYSFS}/class/infiniband/{device}"
-    try:
-        found = sorted(os.listdir(f"{base}/device/net"))
-    except OSError:
-        found = []
-    if found:
-        return found
-    parent = _read(f"{base}/parent")  # rxe, siw: the netdev they were created on
-    if parent:
-        return [parent]
-    for port in ports(device):
-        ndev = _read(f"{base}/ports/{port}/gid_attrs/ndevs/0")
-        if ndev:
-            return [ndev]
-    return []
 
 
 class RdmaPort:
+    """One port of one RDMA device (sysfs numbers ports from 1)."""
+
     __slots__ = ("device", "port")
 
     def __init__(self, device: str, port: int) -> None:
@@ -84,45 +47,11 @@ class RdmaPort:
     def __eq__(self, other: object) -> bool:
         return isinstance(other, RdmaPort) and (self.device, self.port) == (other.device, other.port)
 
+    def __hash__(self) -> int:
+        return hash((self.device, self.port))
+
     def __repr__(self) -> str:
         return f"RdmaPort({self.device!r}, {self.port})"
-
-
-def device_of_netdev(netdev: str) -> RdmaPort | None:
-    """The RDMA device and port whose netdev is `netdev`, if any."""
-    for device in devices():
-        if netdev in netdevs_of_device(device):
-            return RdmaPort(device, (ports(device) or [1])[0])
-    return None
-
-
-def netdevs_of_pci(address: str) -> list[str]:
-    for bus in ("pci", "auxiliary"):
-        try:
-            return sorted(os.listdir(f"{SYSFS}/bus/{bus}/devices/{address}/net"))
-        except OSError:
-            continue
-    return []
-
-
-def device_by_id(device_id: str) -> str | None:
-    """An RDMA device named directly, or the one on a PCI/auxiliary device (deviceID conventions)."""
-    if os.path.isdir(f"{SYSFS}/class/infiniband/{device_id}"):
-        return device_id
-    for bus in ("pci", "auxiliary"):
-        try:
-            found = sorted(os.listdir(f"{SYSFS}/bus/{bus}/devices/{device_id}/infiniband"))
-        except OSError:
-            continue
-        if found:
-            return found[0]
-    return None
-
-
-def gid_text(ip: Prefix) -> str:
-    """How sysfs prints the RoCE v2 GID of an address (IPv4 as an IPv4-mapped IPv6 address)."""
-    packed = ip.packed if ip.version == 6 else b"\0" * 10 + b"\xff\xff" + ip.packed
-    return Prefix.from_bytes(packed).exploded()
 
 
 class GidEntry:
@@ -132,59 +61,264 @@ class GidEntry:
         self.index, self.gid, self.gid_type, self.ndev = index, gid, gid_type, ndev
 
 
-def find_gid(port: RdmaPort, ip: Prefix, limit: int = 256) -> GidEntry | None:
-    """The RoCE v2 GID entry for `ip` on `port`, found by content (indexes vary by layout)."""
-    want = gid_text(ip)
-    base = f"{SYSFS}/class/infiniband/{port.device}/ports/{port.port}"
-    try:
-        count = min(limit, len(os.listdir(f"{base}/gids")))
-    except OSError:
+def gid_text(ip: Prefix) -> str:
+    """How sysfs prints the RoCE v2 GID of an address (IPv4 as an IPv4-mapped IPv6 address)."""
+    packed = ip.packed if ip.version == 6 else b"\0" * 10 + b"\xff\xff" + ip.packed
+    return Prefix.from_bytes(packed).exploded()
+
+
+def port_word(text: str) -> str:
+    """sysfs prints a port's state as '4: ACTIVE' and phys_state as '5: LinkUp'; keep the name."""
+    return text.split(":", 1)[1].strip() if ":" in text else text.strip()
+
+
+class RdmaSysfs:
+    """Reads the kernel's RDMA sysfs layout under `root`."""
+
+    __slots__ = ("root",)
+
+    def __init__(self, root: str = "/sys") -> None:
+        self.root = root.rstrip("/") or "/"
+
+    def __repr__(self) -> str:
+        return f"RdmaSysfs({self.root!r})"
+
+    # --- kernel-wide ----------------------------------------------------------------------------
+    def subsystem_present(self) -> bool:
+        """True when the kernel has an RDMA core (ib_core loaded)."""
+        return os.path.isdir(f"{self.root}/class/infiniband") or os.path.isdir(f"{self.root}/module/ib_core")
+
+    def netns_mode(self) -> str | None:
+        """'shared' or 'exclusive', read live from ib_core's netns_mode parameter (None: no RDMA core).
+
+        The parameter is the kernel's own ib_devices_shared_netns flag, which RDMA_NLDEV_CMD_SYS_SET
+        changes at run time, so this reflects the current mode, not only the boot value.
+        """
+        value = _read(f"{self.root}/module/ib_core/parameters/netns_mode")
+        if value is None:
+            return None
+        return "shared" if value in ("Y", "1") else "exclusive"
+
+    # --- devices and ports ----------------------------------------------------------------------
+    def device_names(self) -> list[str]:
+        """The RDMA devices this network namespace sees (in exclusive mode: only its own)."""
+        return _list(f"{self.root}/class/infiniband")
+
+    def has_device(self, device: str) -> bool:
+        return os.path.isdir(f"{self.root}/class/infiniband/{device}")
+
+    def ports(self, device: str) -> list[int]:
+        return sorted(int(p) for p in _list(f"{self.root}/class/infiniband/{device}/ports") if p.isdigit())
+
+    def port_status(self, device: str, port: int) -> tuple[str, str, str]:
+        """(state, phys_state, link_layer) of a port: ('ACTIVE', 'LinkUp', 'Ethernet'); '' when unreadable
+        (link_layer then 'Ethernet', the only kind a soft device has)."""
+        base = f"{self.root}/class/infiniband/{device}/ports/{port}"
+        return (port_word(_read(f"{base}/state") or ""), port_word(_read(f"{base}/phys_state") or ""),
+                _read(f"{base}/link_layer") or "Ethernet")
+
+    def netdevs_of_device(self, device: str) -> list[str]:
+        """The netdevs an RDMA device runs on; one rule for every program that asks.
+
+        1. its PCI (or auxiliary) function's net/ folder: mlx5, irdma, bnxt_re and other hardware;
+        2. else the `parent` file: soft devices (rxe, siw) name the netdev they were created on;
+        3. else the netdev of a port's default GID (gid_attrs/ndevs/0): RoCE devices whose function
+           shows no net/ folder here (a netdev in another namespace, drivers with no parent file).
+        An InfiniBand device without IPoIB has none of these: [].
+        """
+        base = f"{self.root}/class/infiniband/{device}"
+        found = _list(f"{base}/device/net")
+        if found:
+            return found
+        parent = _read(f"{base}/parent")
+        if parent:
+            return [parent]
+        for port in self.ports(device):
+            ndev = _read(f"{base}/ports/{port}/gid_attrs/ndevs/0")
+            if ndev:
+                return [ndev]
+        return []
+
+    def device_of_netdev(self, netdev: str) -> RdmaPort | None:
+        """The RDMA device and port whose netdev is `netdev`, if any."""
+        for device in self.device_names():
+            if netdev in self.netdevs_of_device(device):
+                return RdmaPort(device, (self.ports(device) or [1])[0])
         return None
-    for index in range(count):
-        if _read(f"{base}/gids/{index}") != want:
-            continue
-        gid_type = _read(f"{base}/gid_attrs/types/{index}") or ""
-        if gid_type != "RoCE v2":
-            continue
-        return GidEntry(index, want, gid_type, _read(f"{base}/gid_attrs/ndevs/{index}") or "")
-    return None
+
+    def netdevs_of_pci(self, address: str) -> list[str]:
+        for bus in ("pci", "auxiliary"):
+            try:
+                return sorted(os.listdir(f"{self.root}/bus/{bus}/devices/{address}/net"))
+            except OSError:
+                continue
+        return []
+
+    def device_by_id(self, device_id: str) -> str | None:
+        """An RDMA device named directly, or the one on a PCI/auxiliary device (deviceID conventions)."""
+        if self.has_device(device_id):
+            return device_id
+        for bus in ("pci", "auxiliary"):
+            found = _list(f"{self.root}/bus/{bus}/devices/{device_id}/infiniband")
+            if found:
+                return found[0]
+        return None
+
+    # --- the function behind a device -----------------------------------------------------------
+    def pci_address_of_device(self, device: str) -> str | None:
+        """The PCI (or auxiliary) device name behind an RDMA device, for the CNI result's pciID."""
+        link = f"{self.root}/class/infiniband/{device}/device"
+        try:
+            target = os.readlink(link)
+        except OSError:
+            return None
+        name = os.path.basename(target)
+        # The kernel's link ends in the function's name; a relative one such as "../.." does not.
+        return name if name not in ("", ".", "..") else os.path.basename(os.path.realpath(link))
+
+    def function_of_device(self, device: str) -> tuple[str | None, str | None, str | None, str | None, int | None]:
+        """(pci, vendor, device_id, driver, numa_node) of the function behind a device; all None for
+        a soft device. `pci` is set only on the PCI bus (an auxiliary SF has no PCI address of its
+        own); vendor and device ids are lower-case hex without 0x; numa_node None when unknown."""
+        link = f"{self.root}/class/infiniband/{device}/device"
+        if not (os.path.islink(link) or os.path.isdir(link)):
+            return None, None, None, None, None
+        real = os.path.realpath(link)
+        subsystem = f"{real}/subsystem"
+        bus = os.path.basename(os.path.realpath(subsystem)) if os.path.exists(subsystem) else None
+        last = os.path.basename(real)
+        pci = last if bus == "pci" or (bus is None and _looks_like_pci(last)) else None
+        driver_link = f"{real}/driver"
+        driver = os.path.basename(os.path.realpath(driver_link)) if os.path.exists(driver_link) else None
+        numa_text = _read(f"{link}/numa_node")
+        numa = int(numa_text) if numa_text and numa_text.lstrip("-").isdigit() and int(numa_text) >= 0 else None
+        return pci, _hex_id(_read(f"{link}/vendor")), _hex_id(_read(f"{link}/device")), driver, numa
+
+    def char_devices(self, cls: str) -> dict[str, list[tuple[str, int | None]]]:
+        """Char devices of a class (infiniband_verbs: uverbsN; infiniband_mad: umadN, issmN) by RDMA
+        device: [(name, port or None)]. The kernel renumbers them when a device changes namespace."""
+        found: dict[str, list[tuple[str, int | None]]] = {}
+        base = f"{self.root}/class/{cls}"
+        for name in _list(base):
+            ibdev = _read(f"{base}/{name}/ibdev")
+            if not ibdev:
+                continue  # abi_version and other plain files of the class
+            port = _read(f"{base}/{name}/port")
+            found.setdefault(ibdev, []).append((name, int(port) if port and port.isdigit() else None))
+        return found
+
+    # --- GIDs -----------------------------------------------------------------------------------
+    def find_gid(self, port: RdmaPort, ip: Prefix, limit: int = 256) -> GidEntry | None:
+        """The RoCE v2 GID entry for `ip` on `port`, found by content (indexes vary by layout)."""
+        want = gid_text(ip)
+        base = f"{self.root}/class/infiniband/{port.device}/ports/{port.port}"
+        try:
+            count = min(limit, len(os.listdir(f"{base}/gids")))
+        except OSError:
+            return None
+        for index in range(count):
+            if _read(f"{base}/gids/{index}") != want:
+                continue
+            gid_type = _read(f"{base}/gid_attrs/types/{index}") or ""
+            if gid_type != "RoCE v2":
+                continue
+            return GidEntry(index, want, gid_type, _read(f"{base}/gid_attrs/ndevs/{index}") or "")
+        return None
+
+    def gids(self, port: RdmaPort, limit: int = 16) -> list[GidEntry]:
+        """The non-empty GID entries among the first `limit` (a full table is 256-1024 entries and
+        slow to read on soft devices)."""
+        base = f"{self.root}/class/infiniband/{port.device}/ports/{port.port}"
+        out = []
+        for index in range(limit):
+            gid = _read(f"{base}/gids/{index}")
+            if gid is None:
+                break
+            if gid.replace("0", "").replace(":", ""):
+                out.append(GidEntry(index, gid, _read(f"{base}/gid_attrs/types/{index}") or "",
+                                    _read(f"{base}/gid_attrs/ndevs/{index}") or ""))
+        return out
+
+    def wait_for_gids(self, wanted: list[tuple[str, int, str]], timeout: float) -> list[int | None]:
+        """For each (device, port, address text): the index of its RoCE v2 GID, polled until found or
+        `timeout`; None where none appeared. Plain data in and out, so it can run in a child
+        process that sees a pod's sysfs (kernel/netns_sysfs.py)."""
+        deadline = time.monotonic() + timeout
+        found: list[int | None] = [None] * len(wanted)
+        while True:
+            for i, (device, port, address) in enumerate(wanted):
+                if found[i] is None:
+                    entry = self.find_gid(RdmaPort(device, port), Prefix.parse(address))
+                    found[i] = entry.index if entry else None
+            if all(f is not None for f in found) or time.monotonic() > deadline:
+                return found
+            time.sleep(0.002)
 
 
-def gids(port: RdmaPort, limit: int = 16) -> list[GidEntry]:
-    """The non-empty GID entries among the first `limit` (a full table is 256-1024 entries and
-    slow to read on soft devices)."""
-    base = f"{SYSFS}/class/infiniband/{port.device}/ports/{port.port}"
-    out = []
-    for index in range(limit):
-        gid = _read(f"{base}/gids/{index}")
-        if gid is None:
-            break
-        if gid.replace("0", "").replace(":", ""):
-            out.append(GidEntry(index, gid, _read(f"{base}/gid_attrs/types/{index}") or "",
-                                _read(f"{base}/gid_attrs/ndevs/{index}") or ""))
-    return out
+def _hex_id(text: str | None) -> str | None:
+    return text.lower().removeprefix("0x") if text else None
+
+
+def _looks_like_pci(name: str) -> bool:
+    parts = name.split(":")
+    return len(parts) == 3 and "." in parts[2]
+
+
+# Tests point this at a kernel-shaped tree (PCI functions, RDMA devices) on machines without RDMA
+# hardware, in-process with use_root() and in CNI subprocesses with the variable; a node never sets it.
+default = RdmaSysfs(os.environ.get("RDMA_NETNS_SYSFS_ROOT") or "/sys")
+
+
+def use_root(root: str) -> str:
+    """Re-root the default reader (tests); returns the previous root so a test can put it back."""
+    previous, default.root = default.root, RdmaSysfs(root).root
+    return previous
+
+
+# The CNI's names for the default reader's reads (kept stable for plugin.py, rails.py, modes/).
+def subsystem_present() -> bool:
+    return default.subsystem_present()
+
+
+def netns_mode() -> str | None:
+    return default.netns_mode()
+
+
+def devices() -> list[str]:
+    return default.device_names()
+
+
+def ports(device: str) -> list[int]:
+    return default.ports(device)
+
+
+def netdevs_of_device(device: str) -> list[str]:
+    return default.netdevs_of_device(device)
+
+
+def device_of_netdev(netdev: str) -> RdmaPort | None:
+    return default.device_of_netdev(netdev)
+
+
+def netdevs_of_pci(address: str) -> list[str]:
+    return default.netdevs_of_pci(address)
+
+
+def device_by_id(device_id: str) -> str | None:
+    return default.device_by_id(device_id)
 
 
 def pci_address_of_device(device: str) -> str | None:
-    """The PCI (or auxiliary) device name behind an RDMA device, for the result's pciID."""
-    try:
-        target = os.readlink(f"{SYSFS}/class/infiniband/{device}/device")
-    except OSError:
-        return None
-    return os.path.basename(target)
+    return default.pci_address_of_device(device)
+
+
+def find_gid(port: RdmaPort, ip: Prefix, limit: int = 256) -> GidEntry | None:
+    return default.find_gid(port, ip, limit)
+
+
+def gids(port: RdmaPort, limit: int = 16) -> list[GidEntry]:
+    return default.gids(port, limit)
 
 
 def wait_for_gids(wanted: list[tuple[str, int, str]], timeout: float) -> list[int | None]:
-    """For each (device, port, address text): the index of its RoCE v2 GID, polled until found or
-    `timeout`; None where none appeared. Plain data in and out, so it can run in a child
-    process that sees a pod's sysfs (kernel/netns_sysfs.py)."""
-    deadline = time.monotonic() + timeout
-    found: list[int | None] = [None] * len(wanted)
-    while True:
-        for i, (device, port, address) in enumerate(wanted):
-            if found[i] is None:
-                entry = find_gid(RdmaPort(device, port), Prefix.parse(address))
-                found[i] = entry.index if entry else None
-        if all(f is not None for f in found) or time.monotonic() > deadline:
-            return found
-        time.sleep(0.002)
+    return default.wait_for_gids(wanted, timeout)
