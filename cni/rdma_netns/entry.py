@@ -95,8 +95,8 @@ def _repeated_del(env: CniEnv, raw: dict) -> bool:
         net = loader.teardown_network(raw)
     except CniError:
         return False  # the full load reports it
-    store = StateStore(net["stateDir"], net["name"])
-    return store.already_released(env.container_id, env.ifname, net["lockTimeoutSeconds"])
+    store = StateStore(net.state_dir, net.name)
+    return store.already_released(env.container_id, env.ifname, net.lock_timeout)
 
 
 def _require_11(version: str, command: str) -> None:

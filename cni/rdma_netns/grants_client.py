@@ -13,6 +13,7 @@ import errno
 from _socket import AF_UNIX, SOCK_CLOEXEC, SOCK_STREAM, socket
 
 from rdma_netns import jsonio
+from rdma_netns.config.netconf import NetConfig
 from rdma_netns.spec.errors import PAIRING_UNAVAILABLE, CniError
 
 MAX_ANSWER = 1 << 20
@@ -29,14 +30,14 @@ class Grant:
         self.found, self.device_ids, self.via = found, device_ids, via
 
 
-def query(net: dict, namespace: str, name: str, uid: str) -> Grant:
-    """The pod's device IDs of net["resourceName"]; CniError(PAIRING_UNAVAILABLE) when unknowable."""
-    timeout = net["podResourcesTimeoutMs"] / 1000
-    broker = net["podGrantsSocket"]
+def query(net: NetConfig, namespace: str, name: str, uid: str) -> Grant:
+    """The pod's device IDs of net.resource_name; CniError(PAIRING_UNAVAILABLE) when unknowable."""
+    timeout = net.pod_resources_timeout_ms / 1000
+    broker = net.pod_grants_socket
     if broker:
-        request = {"v": 1, "podResourcesSocket": net["podResourcesSocket"], "namespace": namespace,
-                   "name": name, "uid": uid, "resourceName": net["resourceName"],
-                   "timeoutMs": net["podResourcesTimeoutMs"]}
+        request = {"v": 1, "podResourcesSocket": net.pod_resources_socket, "namespace": namespace,
+                   "name": name, "uid": uid, "resourceName": net.resource_name,
+                   "timeoutMs": net.pod_resources_timeout_ms}
         try:
             # The broker's own kubelet deadline comes first; allow it time to say so.
             return _from_answer(_ask_broker(broker, request, timeout + 0.25), net)
@@ -75,9 +76,9 @@ def _ask_broker(path: str, request: dict, timeout: float) -> dict:
     return answer
 
 
-def _from_answer(answer: dict, net: dict) -> Grant:
+def _from_answer(answer: dict, net: NetConfig) -> Grant:
     if "error" in answer:
-        raise CniError(PAIRING_UNAVAILABLE, f"kubelet's PodResources API ({net['podResourcesSocket']}): "
+        raise CniError(PAIRING_UNAVAILABLE, f"kubelet's PodResources API ({net.pod_resources_socket}): "
                        f"{answer.get('error')}: {answer.get('msg', '')}".rstrip(": "))
     ids = answer.get("deviceIDs") or []
     if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
@@ -85,16 +86,16 @@ def _from_answer(answer: dict, net: dict) -> Grant:
     return Grant(bool(answer.get("found")), ids, str(answer.get("via", "")))
 
 
-def _ask_kubelet(net: dict, namespace: str, name: str, timeout: float) -> Grant:
+def _ask_kubelet(net: NetConfig, namespace: str, name: str, timeout: float) -> Grant:
     try:
         from rdma_netns_dp import podresources
     except ImportError as exc:
         raise CniError(PAIRING_UNAVAILABLE, "the device plugin's grants broker is not running and this "
                        f"install cannot ask kubelet itself ({exc})") from None
     try:
-        grant = podresources.pod_device_ids(net["podResourcesSocket"], namespace, name, net["resourceName"],
+        grant = podresources.pod_device_ids(net.pod_resources_socket, namespace, name, net.resource_name,
                                             timeout)
     except podresources.PodResourcesUnavailable as exc:
-        raise CniError(PAIRING_UNAVAILABLE, f"kubelet's PodResources API ({net['podResourcesSocket']}): "
+        raise CniError(PAIRING_UNAVAILABLE, f"kubelet's PodResources API ({net.pod_resources_socket}): "
                        f"{exc.kind}: {exc}") from None
     return Grant(grant.found, list(grant.device_ids), grant.via)

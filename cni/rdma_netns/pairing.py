@@ -12,6 +12,7 @@ DEL, CHECK and GC never ask kubelet: it has often forgotten the pod by then; the
 from __future__ import annotations
 
 from rdma_netns.config.loader import Config
+from rdma_netns.config.netconf import NetConfig
 from rdma_netns.grants_client import Grant, query
 from rdma_netns.spec import versions
 from rdma_netns.spec.env import CniEnv
@@ -22,16 +23,16 @@ def add(env: CniEnv, cfg: Config) -> dict:
     """ADD behind the pairing gate. A pod that pairing leaves out never loads the attaching code:
     start-up is most of its cost, and most pods on a node ask for no RDMA."""
     grant = granted(env, cfg.net)
-    if attaches_nothing(grant, cfg.prev_result is not None, cfg.net.get("resourceName") or ""):
+    if attaches_nothing(grant, cfg.prev_result is not None, cfg.net.resource_name or ""):
         return attach_nothing(env, cfg)
     from rdma_netns import plugin
 
     return versions.format_result(plugin.cmd_add(env, cfg, grant), cfg.cni_version)
 
 
-def granted(env: CniEnv, net: dict) -> Grant | None:
-    """The pod's grant of net["resourceName"]; None when pairing is off."""
-    resource = net.get("resourceName")
+def granted(env: CniEnv, net: NetConfig) -> Grant | None:
+    """The pod's grant of net.resource_name; None when pairing is off."""
+    resource = net.resource_name
     if not resource:
         return None
     namespace, name = env.args.get("K8S_POD_NAMESPACE", ""), env.args.get("K8S_POD_NAME", "")
@@ -62,7 +63,7 @@ def attach_nothing(env: CniEnv, cfg: Config) -> dict:
     runtime's DELs of this attachment return at once (state.py)."""
     from rdma_netns.state import StateStore
 
-    store = StateStore(cfg.net["stateDir"], cfg.net["name"])
+    store = StateStore(cfg.net.state_dir, cfg.net.name)
     store.prepare()
     store.mark_released(env.container_id, env.ifname)
     return cfg.prev_result or {}

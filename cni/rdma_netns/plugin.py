@@ -14,10 +14,10 @@ from _socket import AF_INET, AF_INET6
 
 from rdma_netns import addressing, faults, ipam, modes, rails
 from rdma_netns.config import loader
+from rdma_netns.config.netconf import NetConfig
 from rdma_netns.grants_client import Grant
 from rdma_netns.kernel import netns, rdma_sysfs, rtnl
 from rdma_netns.kernel.netlink import NetlinkError, NetlinkSocket
-from rdma_netns.modes import exclusive
 from rdma_netns.spec import versions
 from rdma_netns.spec.env import CniEnv
 from rdma_netns.spec.errors import (
@@ -26,21 +26,15 @@ from rdma_netns.spec.errors import (
     INCOMPATIBLE_VERSION,
     INVALID_CONFIG,
     INVALID_ENV,
+    IPAM_FAILED,
     KERNEL_REJECTED,
     NO_RDMA,
     NOT_AVAILABLE,
-    NOT_GRANTED,
     RAIL_UNAVAILABLE,
     UNKNOWN_CONTAINER,
     CniError,
 )
-from rdma_netns.state import StateStore
-
-# 2: "teardown" records the settings DEL needs (routing bases, link mode, IPAM timeout), so that
-# a DEL whose config changed or is refused undoes what ADD really did. Readers tolerate unknown
-# fields and missing ones (format 1 states fall back to the config or the defaults).
-STATE_FORMAT = 2
-TEARDOWN_KEYS = ("routeTableBase", "rulePriorityBase", "ipamTimeoutSeconds", "link", "linkMode")
+from rdma_netns.state import AttachmentState, StateStore
 
 
 def log(message: str) -> None:
@@ -105,24 +99,24 @@ def _is_empty_file(path: str) -> bool:
     return stat.S_ISREG(st.st_mode) and st.st_size == 0 and st.st_dev != nsfs
 
 
-def _rail_routing(net: dict, link: rtnl.Link) -> tuple[int, int]:
+def _rail_routing(net: NetConfig, link: rtnl.Link) -> tuple[int, int]:
     """A rail's routing table and rule priority in the pod.
 
     The table is derived from the interface's index in the pod, which is unique there, so two
     attachments (even of different networks) in one pod never share a table, and teardown can
     find the table again from the link without trusting stored numbers.
     """
-    return net["routeTableBase"] + link.index, net["rulePriorityBase"]
+    return net.route_table_base + link.index, net.rule_priority_base
 
 
 def _host_parent(sock: NetlinkSocket, rail: rails.Rail, mode: modes.Mode) -> rtnl.Link:
-    """The rail's netdev in the host; a shared-mode parent must be up (its pods' links follow it)."""
+    """The rail's netdev in the host, up if the mode needs it so (shared: its pods' links follow it)."""
     link = rtnl.get_link(sock, rail.netdev)
     if link is None:
         raise CniError(RAIL_UNAVAILABLE, f"rail netdev {rail.netdev} does not exist in the host namespace")
     if link.flags & rtnl.IFF_LOOPBACK:
         raise CniError(RAIL_UNAVAILABLE, f"rail netdev {rail.netdev} is a loopback device, not a NIC")
-    if mode.name == "shared" and not link.flags & rtnl.IFF_UP:
+    if mode.parent_must_be_up and not link.flags & rtnl.IFF_UP:
         raise CniError(RAIL_UNAVAILABLE, f"rail netdev {rail.netdev} is down")
     return link
 
@@ -130,27 +124,19 @@ def _host_parent(sock: NetlinkSocket, rail: rails.Rail, mode: modes.Mode) -> rtn
 # ---------------------------------------------------------------- ADD
 
 
-def rdma_device_only(net: dict, mode_name: str, chained: bool) -> bool:
-    """Exclusive mode chained after a plugin that moved the netdev (host-device, sriov): such a
-    network has no IPAM of its own (it configures no address) and moves only the RDMA device.
-    Chained with IPAM (after the cluster's CNI), it moves whole NICs like a network of its own."""
-    return (mode_name == "exclusive" and chained and not net["ipam"]
-            and not any(e.get("ipam") for e in net["rails"] or []))
-
-
 def cmd_add(env: CniEnv, cfg: loader.Config, grant: Grant | None = None) -> dict:
     """grant: kubelet's answer for the pod when pairing is on (the pod holds at least one unit)."""
     net = cfg.net
-    mode = modes.select(net)
     chained = cfg.prev_result is not None
-    granted_ids = grant.device_ids if grant is not None and mode.name == "exclusive" else None
-    store = StateStore(net["stateDir"], net["name"])
+    mode = modes.select(net, chained)
+    granted_ids = grant.device_ids if grant is not None and mode.grant_names_devices else None
+    store = StateStore(net.state_dir, net.name)
     store.prepare()
-    with store.locked(env.container_id, env.ifname, net["lockTimeoutSeconds"]):
+    with store.locked(env.container_id, env.ifname, net.lock_timeout):
         store.clear_released(env.container_id, env.ifname)
         previous = store.load(env.container_id, env.ifname)
         if previous is not None:
-            if previous.get("phase") == "ready":
+            if previous.phase == "ready":
                 raise CniError(IFNAME_EXISTS, f"attachment {env.container_id}/{env.ifname} already exists",
                                "DEL it before adding it again")
             log(f"cleaning up an interrupted ADD of {env.container_id}/{env.ifname}")
@@ -158,25 +144,28 @@ def cmd_add(env: CniEnv, cfg: loader.Config, grant: Grant | None = None) -> dict
             store.delete(env.container_id, env.ifname)
         pod_fd = _open_pod_netns(env.netns)
         try:
-            if rdma_device_only(net, mode.name, chained):
-                return _add_rdma_device_only(env, cfg, store, pod_fd, granted_ids)
-            plan = rails.plan(net, env.ifname, cfg.runtime.device_id, chained, granted_ids)
-            if (cfg.runtime.mac or cfg.runtime.ips) and len(plan) != 1:
-                raise CniError(INVALID_CONFIG, "runtimeConfig mac/ips need a single-rail attachment")
-            for rail in plan:  # every IPAM plugin must be there before anything changes
-                ipam.find_plugin(rail.ipam["type"], env.path)
             with NetlinkSocket() as host_sock:
-                parents = [_host_parent(host_sock, rail, mode) for rail in plan]
-                state = {
-                    "format": STATE_FORMAT, "phase": "adding", "mode": mode.name, "link": mode.link_kind,
-                    "containerID": env.container_id, "ifname": env.ifname, "netns": env.netns,
-                    "network": net["name"], "teardown": _teardown_settings(net),
-                    "rails": [r.to_state() | mode.prepare(r, p) for r, p in zip(plan, parents)],
-                }
+                if mode.configures_addresses:
+                    prev = None
+                    plan = rails.plan(net, env.ifname, cfg.runtime.device_id, chained, granted_ids)
+                    if (cfg.runtime.mac or cfg.runtime.ips) and len(plan) != 1:
+                        raise CniError(INVALID_CONFIG, "runtimeConfig mac/ips need a single-rail attachment")
+                    for rail in plan:  # every IPAM plugin must be there before anything changes
+                        ipam.find_plugin(rail.ipam["type"], env.path)
+                    parents = [_host_parent(host_sock, rail, mode) for rail in plan]
+                    rail_states = [r.to_state() | mode.prepare(r, p) for r, p in zip(plan, parents)]
+                else:  # chained after the plugin that made the pod interface: its result goes on
+                    prev = versions.format_result(cfg.prev_result, versions.LATEST)
+                    rail_states = mode.chained_rails(env.ifname, prev, net, cfg.runtime.device_id, granted_ids)
+                state = _new_state(env, net, mode, rail_states)
                 store.save(env.container_id, env.ifname, state)
                 faults.point("state-written")
                 try:
-                    result = _add_rails(env, cfg, mode, plan, parents, host_sock, pod_fd, state)
+                    if prev is None:
+                        result = _add_rails(env, cfg, mode, plan, parents, host_sock, pod_fd, state)
+                    else:
+                        mode.attach_chained(pod_fd, state.rails, prev)
+                        result = prev
                     faults.point("before-ready")
                     _save_ready(store, env, state, result)
                 except BaseException:
@@ -188,71 +177,24 @@ def cmd_add(env: CniEnv, cfg: loader.Config, grant: Grant | None = None) -> dict
             os.close(pod_fd)
 
 
-def _add_rdma_device_only(env: CniEnv, cfg: loader.Config, store: StateStore, pod_fd: int,
-                          granted_ids: list[str] | None) -> dict:
-    """Exclusive mode chained after a plugin that already moved the netdev (sriov, host-device):
-    move only the RDMA device into the pod and pass the previous result on."""
-    prev = versions.format_result(cfg.prev_result, versions.LATEST)
-    if not any(i.get("name") == env.ifname and i.get("sandbox") for i in prev.get("interfaces", [])):
-        raise CniError(INVALID_CONFIG, f"chained exclusive mode needs the previous plugin's pod interface "
-                       f"{env.ifname} in prevResult")
-    device = _rdma_device_for_chained(cfg, granted_ids)
-    state = {"format": STATE_FORMAT, "phase": "adding", "mode": "exclusive", "link": "rdma-device",
-             "containerID": env.container_id, "ifname": env.ifname, "netns": env.netns, "network": cfg.net["name"],
-             "teardown": _teardown_settings(cfg.net),
-             "rails": [{"ifname": env.ifname, "rdmaDevice": device, "rdmaOnly": True, "ipam": None}]}
-    store.save(env.container_id, env.ifname, state)
-    faults.point("state-written")
-    try:
-        exclusive.move_rdma_device(device, pod_fd)
-        for iface in prev.get("interfaces", []):
-            if iface.get("name") == env.ifname and iface.get("sandbox"):
-                iface["pciID"] = rdma_sysfs.pci_address_of_device(device) or device
-        faults.point("before-ready")
-        _save_ready(store, env, state, prev)
-    except BaseException:
-        _rollback(state, env, cfg, store)
-        raise
-    faults.point("before-result")
-    return prev
+def _new_state(env: CniEnv, net: NetConfig, mode: modes.Mode, rail_states: list[dict]) -> AttachmentState:
+    """The record ADD writes before its first change."""
+    return AttachmentState(mode=mode.name, link=mode.link_kind, container_id=env.container_id, ifname=env.ifname,
+                           netns=env.netns, network=net.name, teardown=net.teardown_settings(), rails=rail_states)
 
 
-def _save_ready(store: StateStore, env: CniEnv, state: dict, result: dict) -> None:
+def _save_ready(store: StateStore, env: CniEnv, state: AttachmentState, result: dict) -> None:
     """The attachment is complete; a failure to record that is rolled back like any other."""
-    state["phase"] = "ready"
-    state["result"] = result
+    state.phase = "ready"
+    state.result = result
     try:
         store.save(env.container_id, env.ifname, state)
     except BaseException:
-        state["phase"] = "adding"
+        state.phase = "adding"
         raise
 
 
-def _rdma_device_for_chained(cfg: loader.Config, granted_ids: list[str] | None) -> str:
-    """Chained, the netdev is already in the pod: the RDMA device comes from deviceID, the pod's
-    one granted unit, or the config."""
-    entries = cfg.net["rails"] or []
-    device_id = cfg.runtime.device_id
-    if granted_ids is not None:
-        if device_id and device_id not in granted_ids:
-            raise CniError(NOT_GRANTED, f"runtimeConfig.deviceID {device_id} is not among the pod's "
-                           f"{cfg.net['resourceName']} units ({', '.join(granted_ids)})")
-        if not device_id and len(granted_ids) != 1:
-            raise CniError(NOT_GRANTED, f"the pod holds {len(granted_ids)} {cfg.net['resourceName']} units; "
-                           "a chained RDMA-device-only attachment moves one: pass runtimeConfig.deviceID")
-        device_id = device_id or granted_ids[0]
-    candidates = [device_id] if device_id else \
-        [e.get("rdmaDevice") or e.get("pciAddress") for e in entries[:1]]
-    for candidate in filter(None, candidates):
-        device = rdma_sysfs.device_by_id(candidate)
-        if device:
-            return device
-        raise CniError(RAIL_UNAVAILABLE, f"no RDMA device {candidate} (or on PCI device {candidate}) on this node")
-    raise CniError(INVALID_CONFIG, "chained exclusive mode needs runtimeConfig.deviceID or a rail with rdmaDevice "
-                   "or pciAddress to know which RDMA device to move")
-
-
-def _rollback(state: dict, env: CniEnv, cfg: loader.Config, store: StateStore) -> None:
+def _rollback(state: AttachmentState, env: CniEnv, cfg: loader.Config, store: StateStore) -> None:
     errors = _teardown(state, env, cfg, rollback=True)
     if errors:  # keep the state: a later DEL retries what is left
         log(f"rollback of {env.container_id}/{env.ifname} incomplete, DEL will finish it: {'; '.join(errors)}")
@@ -261,7 +203,7 @@ def _rollback(state: dict, env: CniEnv, cfg: loader.Config, store: StateStore) -
 
 
 def _add_rails(env: CniEnv, cfg: loader.Config, mode: modes.Mode, plan: list[rails.Rail],
-               parents: list[rtnl.Link], host_sock: NetlinkSocket, pod_fd: int, state: dict) -> dict:
+               parents: list[rtnl.Link], host_sock: NetlinkSocket, pod_fd: int, state: AttachmentState) -> dict:
     net = cfg.net
     extra: dict[str, object] = {}  # what the IPAM delegate may use of the runtime's per-call keys
     if cfg.args:
@@ -269,13 +211,13 @@ def _add_rails(env: CniEnv, cfg: loader.Config, mode: modes.Mode, plan: list[rai
     if cfg.runtime.ips:
         extra["runtimeConfig"] = {"ips": cfg.runtime.ips}
     ipam_results = []
-    for i, (rail, rail_state) in enumerate(zip(plan, state["rails"])):
+    for i, (rail, rail_state) in enumerate(zip(plan, state.rails)):
         rail_state["ipamStarted"] = True  # from here on a rollback owes this rail an IPAM DEL
         try:
             ipam_results.append(
-                ipam.invoke("ADD", ipam=rail.ipam, network=net["name"], cni_version=cfg.cni_version,
+                ipam.invoke("ADD", ipam=rail.ipam, network=net.name, cni_version=cfg.cni_version,
                             container_id=env.container_id, netns=env.netns, ifname=rail.ifname,
-                            cni_path=env.path, timeout=net["ipamTimeoutSeconds"], extra=extra))
+                            cni_path=env.path, timeout=net.ipam_timeout, extra=extra))
         except ipam.IpamRefused:
             # It answered with a CNI error: it holds nothing for us, so the rollback's IPAM DEL is
             # a courtesy (the spec's), and its failure must not keep an attachment nobody can delete.
@@ -298,11 +240,10 @@ def _add_rails(env: CniEnv, cfg: loader.Config, mode: modes.Mode, plan: list[rai
                 raise CniError(KERNEL_REJECTED, f"configuring {rail.ifname}: {exc.strerror}") from None
             links.append(link)
             # Kept so that DEL can still find this rail's policy rules if its interface vanishes.
-            state["rails"][i]["addresses"] = [address.address_text() for address, _gw in plan_ip.addresses]
+            state.rails[i]["addresses"] = [address.address_text() for address, _gw in plan_ip.addresses]
             faults.point(f"addressed-{i}")
-    gids = _wait_for_gids(plan, addressings, net["gidWaitMs"] / 1000,
-                          pod_fd if mode.name == "exclusive" else None)
-    for rail_state, gid in zip(state["rails"], gids):
+    gids = _wait_for_gids(plan, addressings, net.gid_wait_ms / 1000, pod_fd if mode.gids_in_pod else None)
+    for rail_state, gid in zip(state.rails, gids):
         rail_state["gidIndexes"] = gid
     return _result(env, cfg, plan, links, addressings)
 
@@ -342,7 +283,7 @@ def _result(env: CniEnv, cfg: loader.Config, plan: list[rails.Rail], links: list
     interfaces = list(prev.get("interfaces", []))
     ips = list(prev.get("ips", []))
     routes = list(prev.get("routes", []))
-    dns = prev.get("dns") or cfg.net.get("dns") or {}
+    dns = prev.get("dns") or cfg.net.dns or {}
     for rail, link, plan_ip in zip(plan, links, addressings):
         iface = {"name": rail.ifname, "mac": link.mac, "sandbox": env.netns}
         if rail.rdma is not None:
@@ -369,51 +310,37 @@ def _result(env: CniEnv, cfg: loader.Config, plan: list[rails.Rail], links: list
 # ---------------------------------------------------------------- DEL and teardown
 
 
-def _teardown_settings(net: dict) -> dict:
-    """What DEL needs of the config to undo this attachment, recorded at ADD (state format 2)."""
-    return {key: net[key] for key in TEARDOWN_KEYS}
+class TeardownErrors(list):
+    """Teardown's failures (messages), knowing how many were IPAM's: when nothing else failed,
+    the error is IPAM's (105), not the kernel's."""
+
+    def __init__(self, errors: list[str], ipam_failures: int) -> None:
+        super().__init__(errors)
+        self.ipam_only = bool(errors) and ipam_failures == len(errors)
 
 
-def _teardown_net(state: dict, net: dict) -> dict:
-    """The config as teardown sees it: the settings the state recorded at ADD win over today's
-    config (which may have changed, or be DEL's fallback for a refused config); values of the
-    wrong type (a hand-edited or foreign state) are ignored."""
-    recorded = state.get("teardown")
-    if not isinstance(recorded, dict):
-        return net
-    out = dict(net)
-    for key, default in loader.TEARDOWN_DEFAULTS.items():
-        value = recorded.get(key)
-        if key in ("link", "linkMode"):
-            if isinstance(value, str):
-                out[key] = value
-        elif isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
-            out[key] = type(default)(value)
-    return out
-
-
-def _teardown(state: dict, env: CniEnv, cfg: loader.Config, rollback: bool = False) -> list[str]:
+def _teardown(state: AttachmentState, env: CniEnv, cfg: loader.Config, rollback: bool = False) -> TeardownErrors:
     """Undo an attachment from its state: pod links and rules, then every rail's IPAM allocation.
 
     Goes on past failures so that one stuck rail does not strand the others; returns them.
     A rollback (same process as the failed ADD) knows which rails reached IPAM and releases
     only those; DEL and GC release every rail (IPAM DEL of nothing is a no-op).
     """
-    net = _teardown_net(state, cfg.net)
-    mode = modes.for_state(state, net)
-    pod_fd = _open_pod_netns_if_alive(state.get("netns") or env.netns, strict=False)
+    net = cfg.net.with_recorded(state.teardown)
+    mode = modes.for_state(state.mode, state.link, state.rails, net)
+    pod_fd = _open_pod_netns_if_alive(state.netns or env.netns, strict=False)
     errors: list[str] = []
     host_fd = netns.current_netns_fd()
     try:
         if pod_fd is not None:
             with netns.inside(pod_fd), NetlinkSocket() as pod_sock:
-                for rail in state["rails"]:
+                for rail in state.rails:
                     try:
                         _detach_rail(pod_sock, mode, rail, net, host_fd)
                     except (OSError, CniError) as exc:
-                        errors.append(f"{rail['ifname']}: {getattr(exc, 'msg', exc)}")
+                        errors.append(f"{rail.get('ifname')}: {getattr(exc, 'msg', exc)}")
         with NetlinkSocket() as host_sock:
-            for rail in state["rails"]:
+            for rail in state.rails:
                 problem = mode.restore_host(host_sock, rail)
                 if problem:
                     log(f"teardown: {problem}")
@@ -421,35 +348,38 @@ def _teardown(state: dict, env: CniEnv, cfg: loader.Config, rollback: bool = Fal
         os.close(host_fd)
         if pod_fd is not None:
             os.close(pod_fd)
-    for rail in state["rails"]:
-        if not rail.get("ipam") or (rollback and not rail.get("ipamStarted")):
+    ipam_failures = 0
+    for rail in state.rails:
+        if not isinstance(rail.get("ipam"), dict) or (rollback and not rail.get("ipamStarted")):
             continue
         try:
-            ipam.invoke("DEL", ipam=rail["ipam"], network=state.get("network", net["name"]),
-                        cni_version=cfg.cni_version, container_id=state.get("containerID", env.container_id),
-                        netns=state.get("netns") or env.netns, ifname=rail["ifname"], cni_path=env.path,
-                        timeout=net["ipamTimeoutSeconds"])
+            ipam.invoke("DEL", ipam=rail["ipam"], network=state.network or net.name,
+                        cni_version=cfg.cni_version, container_id=state.container_id or env.container_id,
+                        netns=state.netns or env.netns, ifname=rail["ifname"], cni_path=env.path,
+                        timeout=net.ipam_timeout)
         except CniError as exc:
             if rollback and rail.get("ipamRefused"):
                 log(f"IPAM DEL after a refused IPAM ADD failed too (ignored): {exc.msg}")
                 continue
             errors.append(exc.msg)
-    return errors
+            ipam_failures += 1
+    return TeardownErrors(errors, ipam_failures)
 
 
-def _teardown_or_raise(state: dict, env: CniEnv, cfg: loader.Config) -> None:
+def _teardown_or_raise(state: AttachmentState, env: CniEnv, cfg: loader.Config) -> None:
     errors = _teardown(state, env, cfg)
     if errors:
-        raise CniError(KERNEL_REJECTED, "teardown incomplete: " + "; ".join(errors))
+        code = IPAM_FAILED if errors.ipam_only else KERNEL_REJECTED
+        raise CniError(code, "teardown incomplete: " + "; ".join(errors))
 
 
-def _detach_rail(pod_sock: NetlinkSocket, mode: modes.Mode, rail: dict, net: dict, host_fd: int) -> None:
-    if rail.get("rdmaOnly"):  # chained exclusive: the netdev belongs to the previous plugin
-        exclusive.move_rdma_device(rail["rdmaDevice"], host_fd, missing_ok=True)
-        return
+def _detach_rail(pod_sock: NetlinkSocket, mode: modes.Mode, rail: dict, net: NetConfig, host_fd: int) -> None:
     link = mode.find_in_pod(pod_sock, rail)
     if link is None:
-        _remove_orphan_rules(pod_sock, rail, net)
+        if mode.configures_addresses:
+            _remove_orphan_rules(pod_sock, rail, net)
+        else:
+            mode.detach(pod_sock, None, rail, host_fd)  # nothing of its own in the pod but the device
         return
     if not mode.owns(link, rail):
         return
@@ -461,7 +391,7 @@ def _detach_rail(pod_sock: NetlinkSocket, mode: modes.Mode, rail: dict, net: dic
     mode.detach(pod_sock, link, rail, host_fd)
 
 
-def _remove_orphan_rules(pod_sock: NetlinkSocket, rail: dict, net: dict) -> None:
+def _remove_orphan_rules(pod_sock: NetlinkSocket, rail: dict, net: NetConfig) -> None:
     """The rail's pod interface is already gone (deleted, or its host NIC vanished and took its
     macvlan along), but policy rules outlive interfaces: remove ours by the recorded addresses."""
     ours = set(rail.get("addresses") or [])
@@ -469,7 +399,7 @@ def _remove_orphan_rules(pod_sock: NetlinkSocket, rail: dict, net: dict) -> None
         return
     for family in (AF_INET6, AF_INET):
         for rule in rtnl.list_rules(pod_sock, family):
-            if (rule.priority == net["rulePriorityBase"] and rule.src is not None
+            if (rule.priority == net.rule_priority_base and rule.src is not None
                     and rule.src.address_text() in ours):
                 addressing.remove_rules(pod_sock, [rule.src], rule.table, rule.priority)
 
@@ -480,10 +410,13 @@ def cmd_del(env: CniEnv, cfg: loader.Config) -> None:
     fd = _open_pod_netns_if_alive(env.netns)
     if fd is not None:
         os.close(fd)
-    store = StateStore(net["stateDir"], net["name"])
+    store = StateStore(net.state_dir, net.name)
     store.prepare()
-    with store.locked(env.container_id, env.ifname, net["lockTimeoutSeconds"]):
+    with store.locked(env.container_id, env.ifname, net.lock_timeout):
         state = store.load(env.container_id, env.ifname)
+        if state is not None and state.unreadable():
+            log(f"DEL of {env.container_id}/{env.ifname}: {state.unreadable()}; undoing what the fields this "
+                "version knows describe")
         if cfg.refused is not None:
             log(f"DEL of {env.container_id}/{env.ifname} with a config ADD would refuse ({cfg.refused}): "
                 + ("tearing down from the attachment's state" if state is not None
@@ -501,7 +434,7 @@ def cmd_del(env: CniEnv, cfg: loader.Config) -> None:
             store.delete(env.container_id, env.ifname)
 
 
-def _state_from_config(env: CniEnv, cfg: loader.Config) -> dict:
+def _state_from_config(env: CniEnv, cfg: loader.Config) -> AttachmentState:
     """Without state, DEL still releases what the config says ADD would have taken."""
     net = cfg.net
     try:
@@ -509,11 +442,11 @@ def _state_from_config(env: CniEnv, cfg: loader.Config) -> dict:
     except CniError:
         entries = []
     names = rails.pod_ifnames(entries, env.ifname, cfg.prev_result is not None)
-    return {
-        "netns": env.netns, "network": net["name"], "containerID": env.container_id, "link": net["link"],
-        "mode": "exclusive" if net["mode"] == "exclusive" else "shared",
-        "rails": [{"ifname": name, "ipam": e.get("ipam") or net["ipam"]} for name, e in zip(names, entries)],
-    }
+    mode = modes.for_config(net)
+    return AttachmentState(mode=mode.name, link=mode.link_kind, container_id=env.container_id, ifname=env.ifname,
+                           netns=env.netns, network=net.name, phase="",
+                           rails=[{"ifname": name, "ipam": e.get("ipam") or net.ipam}
+                                  for name, e in zip(names, entries)])
 
 
 # ---------------------------------------------------------------- CHECK
@@ -523,43 +456,49 @@ def cmd_check(env: CniEnv, cfg: loader.Config) -> None:
     if not versions.at_least(cfg.cni_version, "0.4.0"):
         raise CniError(INCOMPATIBLE_VERSION, f"CHECK needs cniVersion 0.4.0 or later, not {cfg.cni_version}")
     net = cfg.net
-    store = StateStore(net["stateDir"], net["name"])
+    store = StateStore(net.state_dir, net.name)
     store.prepare()
-    with store.locked(env.container_id, env.ifname, net["lockTimeoutSeconds"]):
+    with store.locked(env.container_id, env.ifname, net.lock_timeout):
         state = store.load(env.container_id, env.ifname)
-    if state is None and cfg.prev_result is not None and net.get("resourceName") \
+    if state is None and cfg.prev_result is not None and net.resource_name \
             and store.is_released(env.container_id, env.ifname):
         return  # a pod not granted the resource: this network attached nothing, so nothing changed
-    if state is None or state.get("phase") != "ready":
-        raise CniError(UNKNOWN_CONTAINER, f"no attachment {env.container_id}/{env.ifname} in network {net['name']}")
-    mode = modes.for_state(state, net)
-    result = state["result"]
+    if state is None or state.phase != "ready" or state.result is None:
+        raise CniError(UNKNOWN_CONTAINER, f"no attachment {env.container_id}/{env.ifname} in network {net.name}")
+    problem = state.unreadable()
+    if problem:
+        raise CniError(INCOMPATIBLE_VERSION, f"the state of {env.container_id}/{env.ifname} has {problem}: it was "
+                       "written by another rdma-netns version, which this one cannot CHECK",
+                       "CHECK with the version that added it; DEL still works")
+    mode = modes.for_state(state.mode, state.link, state.rails, net)
+    result = state.result
     if cfg.prev_result is not None:
         listed = {i.get("name") for i in cfg.prev_result.get("interfaces", []) if i.get("sandbox")}
-        for rail in state["rails"]:
+        for rail in state.rails:
             if rail["ifname"] not in listed:
                 raise CniError(CHECK_FAILED, f"prevResult does not list the pod interface {rail['ifname']}")
     pod_fd = _open_pod_netns(env.netns)
     try:
         gids: list[tuple[str, int, str]] = []
         with netns.inside(pod_fd), NetlinkSocket() as pod_sock:
-            for rail in state["rails"]:
+            for rail in state.rails:
                 gids += _check_rail(pod_sock, mode, rail, result, net)
-        _check_gids(gids, pod_fd if mode.name == "exclusive" else None)
+        _check_gids(gids, pod_fd if mode.gids_in_pod else None)
     finally:
         os.close(pod_fd)
-    for rail in (r for r in state["rails"] if r.get("ipam")):
-        ipam.invoke("CHECK", ipam=rail["ipam"], network=net["name"], cni_version=cfg.cni_version,
+    for rail in (r for r in state.rails if r.get("ipam")):
+        ipam.invoke("CHECK", ipam=rail["ipam"], network=net.name, cni_version=cfg.cni_version,
                     container_id=env.container_id, netns=env.netns, ifname=rail["ifname"], cni_path=env.path,
-                    timeout=net["ipamTimeoutSeconds"])
+                    timeout=net.ipam_timeout)
 
 
 def _check_rail(pod_sock: NetlinkSocket, mode: modes.Mode, rail: dict, result: dict,
-                net: dict) -> list[tuple[str, int, str]]:
+                net: NetConfig) -> list[tuple[str, int, str]]:
     """Check one rail inside the pod; returns the (device, port, address) GIDs still to verify."""
-    if rail.get("rdmaOnly"):
-        if not exclusive.rdma_device_visible(rail["rdmaDevice"]):
-            raise CniError(CHECK_FAILED, f"RDMA device {rail['rdmaDevice']} is not in the pod")
+    if not mode.configures_addresses:  # the pod interface is the previous plugin's
+        problem = mode.check_in_pod(rail)
+        if problem:
+            raise CniError(CHECK_FAILED, problem)
         return []
     link = rtnl.get_link(pod_sock, rail["ifname"])
     if link is None:
@@ -607,18 +546,18 @@ def cmd_status(env: CniEnv, cfg: loader.Config) -> None:
     """Can ADD work now? Rails present and up, kernel mode right, IPAM plugins there and ready."""
     net = cfg.net
     try:
-        if net["resourceName"] and not _is_socket(net["podResourcesSocket"]):
-            raise CniError(NOT_AVAILABLE, f"kubelet's PodResources socket {net['podResourcesSocket']} is missing",
-                           f"pairing with {net['resourceName']} grants needs a running kubelet")
+        if net.resource_name and not _is_socket(net.pod_resources_socket):
+            raise CniError(NOT_AVAILABLE, f"kubelet's PodResources socket {net.pod_resources_socket} is missing",
+                           f"pairing with {net.resource_name} grants needs a running kubelet")
         plan = rails.plan(net, "eth0", None, False)
         with NetlinkSocket() as sock:
             mode = modes.select(net)
             for rail in plan:
                 _host_parent(sock, rail, mode)
         for conf in _distinct_ipams([rail.ipam for rail in plan]):
-            if ipam.speaks_1_1(conf, env.path, net["ipamTimeoutSeconds"]):
-                ipam.invoke("STATUS", ipam=conf, network=net["name"], cni_version=cfg.cni_version, container_id="",
-                            netns="", ifname="", cni_path=env.path, timeout=net["ipamTimeoutSeconds"])
+            if ipam.speaks_1_1(conf, env.path, net.ipam_timeout):
+                ipam.invoke("STATUS", ipam=conf, network=net.name, cni_version=cfg.cni_version, container_id="",
+                            netns="", ifname="", cni_path=env.path, timeout=net.ipam_timeout)
     except CniError as exc:
         raise CniError(NOT_AVAILABLE, exc.msg, exc.details) from None
 
@@ -635,18 +574,18 @@ def cmd_gc(env: CniEnv, cfg: loader.Config) -> None:
     if cfg.valid_attachments is None:
         raise CniError(INVALID_CONFIG, "GC needs cni.dev/valid-attachments in the config")
     net = cfg.net
-    store = StateStore(net["stateDir"], net["name"])
+    store = StateStore(net.state_dir, net.name)
     store.prepare()
     for container_id, ifname in store.attachments():
         if (container_id, ifname) in cfg.valid_attachments:
             continue
-        with store.locked(container_id, ifname, net["lockTimeoutSeconds"]):
+        with store.locked(container_id, ifname, net.lock_timeout):
             state = store.load(container_id, ifname)
             if state is None:
                 continue
             log(f"GC: releasing {container_id}/{ifname}")
             stale_env = CniEnv(command="DEL", container_id=container_id, ifname=ifname,
-                               netns=state.get("netns", ""), path=env.path)
+                               netns=state.netns, path=env.path)
             errors = _teardown(state, stale_env, cfg)
             if errors:  # keep the state so that the next GC tries again
                 log(f"GC of {container_id}/{ifname} incomplete: {'; '.join(errors)}")
@@ -655,6 +594,7 @@ def cmd_gc(env: CniEnv, cfg: loader.Config) -> None:
     for container_id, ifname in store.released():
         if (container_id, ifname) not in cfg.valid_attachments:
             store.clear_released(container_id, ifname)
+    store.sweep_locks()  # lock files of calls killed while holding them
     _gc_ipam(env, cfg, store)
 
 
@@ -666,17 +606,17 @@ def _gc_ipam(env: CniEnv, cfg: loader.Config, store: StateStore) -> None:
     ipams: list[dict] = []
     for container_id, ifname in store.attachments():
         state = store.load(container_id, ifname)
-        for rail in (state or {}).get("rails", []):
-            valid.append({"containerID": container_id, "ifname": rail["ifname"]})
-            ipams.append(rail["ipam"])
-    ipams.extend(e.get("ipam") or net["ipam"] for e in (net["rails"] or []))
-    if net["ipam"]:
-        ipams.append(net["ipam"])
+        for rail in state.rails if state is not None else []:
+            valid.append({"containerID": container_id, "ifname": rail.get("ifname")})
+            ipams.append(rail.get("ipam"))
+    ipams.extend(e.get("ipam") or net.ipam for e in (net.rails or []))
+    if net.ipam:
+        ipams.append(net.ipam)
     for conf in _distinct_ipams([c for c in ipams if c]):
         try:
-            if ipam.speaks_1_1(conf, env.path, net["ipamTimeoutSeconds"]):
-                ipam.invoke("GC", ipam=conf, network=net["name"], cni_version=cfg.cni_version, container_id="",
-                            netns="", ifname="", cni_path=env.path, timeout=net["ipamTimeoutSeconds"],
+            if ipam.speaks_1_1(conf, env.path, net.ipam_timeout):
+                ipam.invoke("GC", ipam=conf, network=net.name, cni_version=cfg.cni_version, container_id="",
+                            netns="", ifname="", cni_path=env.path, timeout=net.ipam_timeout,
                             extra={"cni.dev/valid-attachments": valid})
         except CniError as exc:
             log(f"GC: IPAM {conf.get('type')} GC failed: {exc.msg}")

@@ -8,6 +8,7 @@ so do kubelet's grants in exclusive mode with pairing (pairing.py).
 
 from __future__ import annotations
 
+from rdma_netns.config.netconf import NetConfig
 from rdma_netns.kernel import rdma_sysfs
 from rdma_netns.spec.errors import INVALID_CONFIG, NO_RDMA, NOT_GRANTED, RAIL_UNAVAILABLE, CniError
 
@@ -26,10 +27,10 @@ class Rail:
                 "rdmaDevice": self.rdma.device if self.rdma else None, "port": self.rdma.port if self.rdma else None}
 
 
-def configured_rails(net: dict) -> list[dict]:
+def configured_rails(net: NetConfig) -> list[dict]:
     """The rail entries of the config, or one per RDMA netdev of the node when none are listed."""
-    if net["rails"]:
-        return net["rails"]
+    if net.rails:
+        return net.rails
     found = [{"netdev": nd} for dev in rdma_sysfs.devices() for nd in rdma_sysfs.netdevs_of_device(dev)]
     if not found:
         raise CniError(NO_RDMA, "no rails configured and no RDMA-capable netdev found on this node",
@@ -90,7 +91,7 @@ def narrow(entries: list[dict], device_ids: list[str], what: str, absent_code: i
     return [e for i, e in enumerate(entries) if i in chosen]
 
 
-def plan(net: dict, cni_ifname: str, device_id: str | None, chained: bool,
+def plan(net: NetConfig, cni_ifname: str, device_id: str | None, chained: bool,
          granted_ids: list[str] | None = None) -> list[Rail]:
     """Resolve the attachment's rails; every name and NIC is checked before anything changes.
 
@@ -98,26 +99,26 @@ def plan(net: dict, cni_ifname: str, device_id: str | None, chained: bool,
     """
     entries = configured_rails(net)
     if granted_ids is not None:
-        entries = narrow(entries, granted_ids, f"{net['resourceName']} unit granted to the pod",
+        entries = narrow(entries, granted_ids, f"{net.resource_name} unit granted to the pod",
                          NOT_GRANTED, NOT_GRANTED)
     if device_id:
         entries = narrow(entries, [device_id], "runtimeConfig.deviceID", RAIL_UNAVAILABLE, INVALID_CONFIG)
     rdma_present = rdma_sysfs.subsystem_present()
-    if net["requireRdma"] and not rdma_present:
+    if net.require_rdma and not rdma_present:
         raise CniError(NO_RDMA, "this kernel has no RDMA subsystem (ib_core is not loaded)",
                        "set \"requireRdma\": false to run on plain netdevs (tests, demos)")
     rails: list[Rail] = []
     names = pod_ifnames(entries, cni_ifname, chained)
     for index, entry in enumerate(entries):
-        if not (entry.get("ipam") or net["ipam"]):
+        if not (entry.get("ipam") or net.ipam):
             raise CniError(INVALID_CONFIG, f"rail {index} has no ipam (its own, or the top-level default); only "
                            "exclusive mode chained after a netdev plugin runs without IPAM")
         netdev = netdev_of(entry)
         port = rdma_sysfs.device_of_netdev(netdev) if rdma_present else None
-        if net["requireRdma"] and port is None:
+        if net.require_rdma and port is None:
             raise CniError(NO_RDMA, f"rail netdev {netdev} belongs to no RDMA device")
         rails.append(Rail(index=index, ifname=names[index],
-                          netdev=netdev, ipam=entry.get("ipam") or net["ipam"], mtu=entry.get("mtu") or net["mtu"],
+                          netdev=netdev, ipam=entry.get("ipam") or net.ipam, mtu=entry.get("mtu") or net.mtu,
                           rdma=port))
     for attr, what in (("ifname", "interface name"), ("netdev", "netdev")):
         values = [getattr(r, attr) for r in rails]

@@ -1,9 +1,9 @@
 """Per-attachment state and locking under the state folder.
 
 Layout: <stateDir>/<network>/<containerID>:<ifname>.json (0600 in 0700 folders) and
-<stateDir>/locks/<n> for a fixed set of lock stripes. ':' cannot occur in a container ID or an
-ifname, so the file name maps back to its attachment. Striped locks never need deleting, so
-there is no unlink-while-locked race and nothing leaks, and unrelated pods rarely share a stripe.
+<stateDir>/locks/<containerID>:<ifname> while a call on that attachment runs. ':' cannot occur
+in a container ID or an ifname, so a file name maps back to its attachment. The folder names
+beside the network folders (RESERVED_NAMES) are refused as network names (config/loader.py).
 
 <stateDir>/<network>/released/<containerID>:<ifname> (empty files) say "this attachment holds
 nothing": written by DEL after a complete teardown and by an ADD that attached nothing (a pod not
@@ -14,22 +14,39 @@ RELEASED_TTL seconds, and beyond RELEASED_KEEP the oldest go too (runtimes that 
 containerd 1.6, would otherwise grow the folder for ever; a node churning pods faster than
 RELEASED_KEEP an hour still holds a bounded number); a DEL that comes later still succeeds, by
 releasing what the config says ADD would have taken.
+
+The record itself is AttachmentState (one class: ADD writes it, DEL, CHECK, GC and the device
+plugin read it through load/read_state).
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import sys
 import time
 
 from rdma_netns import fsutil
 from rdma_netns.spec.errors import IO_FAILURE, TRY_AGAIN_LATER, CniError
 
-LOCK_STRIPES = 256
+LOCKS = "locks"
+CACHE_FOLDER = "verified-configs"  # config/loader.py's verdicts
+# Folders beside the network folders: a network of that name would share them.
+RESERVED_NAMES = (LOCKS, CACHE_FOLDER)
 RELEASED = "released"
 RELEASED_TTL = 3600.0
 RELEASED_KEEP = 2048
 SWEEP_INTERVAL = 60.0
+
+# 2: "teardown" records the settings DEL needs (routing bases, link mode, IPAM timeout), so that
+# a DEL whose config changed or is refused undoes what ADD really did.
+# Compatibility rule (issue 16: version skew in both directions): `format` counts additive
+# revisions; readers fill what an older format lacks from the config or the defaults, and ignore
+# what a newer one adds. A change older readers must not act on bumps `formatMajor` (absent: 1);
+# a reader refuses to CHECK a major it does not know, and DEL still undoes what it can from the
+# fields it knows (a stuck DEL wedges the pod).
+STATE_FORMAT = 2
+STATE_MAJOR = 1
 
 
 class StateStore:
@@ -48,13 +65,12 @@ class StateStore:
     def _path(self, container_id: str, ifname: str) -> str:
         return f"{self.folder}/{container_id}:{ifname}.json"
 
-    def load(self, container_id: str, ifname: str) -> dict | None:
-        value = fsutil.read_json(self._path(container_id, ifname))
-        return value if isinstance(value, dict) else None
+    def load(self, container_id: str, ifname: str) -> AttachmentState | None:
+        return read_state(self._path(container_id, ifname))
 
-    def save(self, container_id: str, ifname: str, value: dict) -> None:
+    def save(self, container_id: str, ifname: str, value: AttachmentState) -> None:
         try:
-            fsutil.write_json_atomic(self._path(container_id, ifname), value)
+            fsutil.write_json_atomic(self._path(container_id, ifname), value.to_json())
         except OSError as exc:
             raise CniError(IO_FAILURE, f"cannot write state in {self.folder}: {exc}") from None
 
@@ -161,46 +177,201 @@ class StateStore:
                 out.append((cid, ifname))
         return sorted(out)
 
-    def locked(self, container_id: str, ifname: str, timeout: float) -> AttachmentLock:
-        from zlib import crc32  # here, not at the top: an ADD that attaches nothing never locks
 
-        stripe = crc32(f"{container_id}:{ifname}".encode()) % LOCK_STRIPES
-        return AttachmentLock(f"{self.root}/locks/{stripe}", f"{container_id}/{ifname}", timeout)
+    def locked(self, container_id: str, ifname: str, timeout: float) -> AttachmentLock:
+        return AttachmentLock(f"{self.root}/{LOCKS}", f"{container_id}:{ifname}", timeout)
+
+    def sweep_locks(self) -> int:
+        """GC: remove lock files a killed process left (nobody holds them); returns how many.
+        Each is taken (without waiting) and unlinked under the lock, like any release."""
+        folder = f"{self.root}/{LOCKS}"
+        try:
+            names = [n for n in os.listdir(folder) if ":" in n]
+        except OSError:
+            return 0
+        swept = 0
+        for name in names:
+            lock = AttachmentLock(folder, name, 0.0, create=False)
+            try:
+                with lock:
+                    swept += 1
+            except (CniError, OSError):
+                pass  # held (in use), or gone meanwhile
+        return swept
 
 
 class AttachmentLock:
-    """`with store.locked(...) as waited:` holds an attachment's lock stripe (flock, polled so
-    that it can give up after `timeout` with "try again later" instead of hanging a runtime)."""
+    """`with store.locked(...) as waited:` holds one attachment's lock: flock on its own file
+    <stateDir>/locks/<containerID>:<ifname>, polled so that it can give up after `timeout` with
+    "try again later" instead of hanging a runtime. Unrelated attachments have unrelated files,
+    so they never wait for each other.
 
-    def __init__(self, path: str, what: str, timeout: float) -> None:
-        self.path, self.what, self.timeout = path, what, timeout
+    The file exists only while a call holds (or waits for) it: release unlinks it, then closes.
+    Unlinking a lock file can race with a waiter, so the rule is:
+    - only the holder unlinks, as the last step of its critical section (nothing it protects
+      happens after the unlink);
+    - after flock succeeds, the acquirer checks that its fd is still the file at the path
+      (fstat and lstat agree on device and inode); if not, the holder it waited for unlinked it,
+      so it closes and starts over on the path's current file (created afresh by O_CREAT).
+    So at any moment only the holder of the inode linked at the path is inside the critical
+    section: a waiter on an unlinked inode never proceeds, and a newcomer creating a new file
+    after the unlink could only meet a holder that has already finished. A process killed while
+    holding leaves its file unlocked (the kernel drops the flock): the next caller reuses it and
+    unlinks it, and GC sweeps any that nobody comes back for (sweep_locks).
+    """
+
+    def __init__(self, folder: str, name: str, timeout: float, create: bool = True) -> None:
+        self.folder, self.path, self.what, self.timeout = folder, f"{folder}/{name}", name.replace(":", "/"), timeout
+        self.create = create
         self.fd = -1
 
-    def __enter__(self) -> float:
+    def _open(self) -> int:
+        flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if self.create else 0)
         try:
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        except OSError as exc:  # read-only or full state folder, a planted symlink (ELOOP)
-            raise CniError(IO_FAILURE, f"cannot open the lock file {self.path}: {exc.strerror}") from None
-        import fcntl
+            return os.open(self.path, flags, 0o600)
+        except FileNotFoundError:
+            if not self.create:
+                raise
+            fsutil.ensure_private_dir(self.folder)  # a state folder older than this layout
+            return os.open(self.path, flags, 0o600)
+
+    def __enter__(self) -> float:
+        import fcntl  # here, not at the top: an ADD that attaches nothing never locks
 
         start = time.monotonic()
         delay = 0.001
+        contended = False
         while True:
             try:
-                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return time.monotonic() - start
-            except OSError as exc:
-                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                    self.__exit__()
+                fd = self._open()
+            except OSError as exc:  # read-only or full state folder, a planted symlink (ELOOP)
+                if not self.create:
                     raise
-            if time.monotonic() - start > self.timeout:
-                self.__exit__()
-                raise CniError(TRY_AGAIN_LATER, f"another invocation holds the lock of {self.what}",
-                               f"waited {self.timeout:.1f} s")
-            time.sleep(delay)
-            delay = min(delay * 2, 0.05)
+                raise CniError(IO_FAILURE, f"cannot open the lock file {self.path}: "
+                               f"{exc.strerror or exc}") from None
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError as exc:
+                    if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                        os.close(fd)
+                        raise
+                if time.monotonic() - start >= self.timeout:
+                    os.close(fd)
+                    raise CniError(TRY_AGAIN_LATER, f"another invocation holds the lock of {self.what}",
+                                   f"waited {self.timeout:.1f} s")
+                contended = True
+                time.sleep(delay)
+                delay = min(delay * 2, 0.05)
+            if _same_file(fd, self.path):
+                self.fd = fd
+                waited = time.monotonic() - start
+                if contended and self.create:  # runtime logs keep stderr: say who waited, and how long
+                    sys.stderr.write(f"rdma-netns: waited {waited:.3f} s for the lock of {self.what} "
+                                     "(another call on the same attachment)\n")
+                return waited
+            os.close(fd)  # the holder we waited for unlinked it on release: take the current file
 
     def __exit__(self, *exc: object) -> None:
         if self.fd >= 0:
+            try:
+                os.unlink(self.path)  # under the lock, as the last step (see the class docstring)
+            except OSError:
+                pass
             os.close(self.fd)  # closing the last fd releases the flock
             self.fd = -1
+
+
+def _same_file(fd: int, path: str) -> bool:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return st.st_ino == mine.st_ino and st.st_dev == mine.st_dev
+
+
+# ---------------------------------------------------------------- the state record
+
+
+class AttachmentState:
+    """One attachment's record, as ADD writes it before its first change.
+
+    rails: one dict per rail (Rail.to_state() plus the mode's prepare() facts and what ADD
+    learns: ipamStarted, addresses, gidIndexes; rdmaOnly for an RDMA-device-only rail).
+    Unknown top-level fields of a newer writer are kept in `extra` and written back unchanged.
+    """
+
+    __slots__ = ("format", "major", "phase", "mode", "link", "container_id", "ifname", "netns", "network",
+                 "teardown", "rails", "result", "extra")
+
+    _KEYS = ("format", "formatMajor", "phase", "mode", "link", "containerID", "ifname", "netns", "network",
+             "teardown", "rails", "result")
+
+    def __init__(self, *, mode: str, link: str, container_id: str, ifname: str, netns: str, network: str,
+                 rails: list[dict], teardown: dict | None = None, phase: str = "adding",
+                 result: dict | None = None, format: object = STATE_FORMAT, major: object = STATE_MAJOR,
+                 extra: dict | None = None) -> None:
+        self.format, self.major, self.phase = format, major, phase
+        self.mode, self.link = mode, link
+        self.container_id, self.ifname, self.netns, self.network = container_id, ifname, netns, network
+        self.teardown, self.rails, self.result = teardown, rails, result
+        self.extra = extra or {}
+
+    @classmethod
+    def from_json(cls, value: dict) -> AttachmentState:
+        """Tolerant: missing or mistyped fields read as empty (a format 1, hand-edited or foreign
+        record); unknown ones are kept aside."""
+        def text(key: str) -> str:
+            v = value.get(key)
+            return v if isinstance(v, str) else ""
+
+        rails = value.get("rails")
+        teardown = value.get("teardown")
+        result = value.get("result")
+        return cls(format=value.get("format", 1), major=value.get("formatMajor", 1), phase=text("phase"),
+                   mode=text("mode"), link=text("link"), container_id=text("containerID"), ifname=text("ifname"),
+                   netns=text("netns"), network=text("network"),
+                   rails=[r for r in rails if isinstance(r, dict)] if isinstance(rails, list) else [],
+                   teardown=teardown if isinstance(teardown, dict) else None,
+                   result=result if isinstance(result, dict) else None,
+                   extra={k: v for k, v in value.items() if k not in cls._KEYS})
+
+    def to_json(self) -> dict:
+        out: dict[str, object] = {
+            "format": self.format, "phase": self.phase, "mode": self.mode, "link": self.link,
+            "containerID": self.container_id, "ifname": self.ifname, "netns": self.netns, "network": self.network}
+        if self.major != 1:
+            out["formatMajor"] = self.major
+        if self.teardown is not None:
+            out["teardown"] = self.teardown
+        out["rails"] = self.rails
+        if self.result is not None:
+            out["result"] = self.result
+        out.update(self.extra)
+        return out
+
+    def unreadable(self) -> str | None:
+        """Why this version cannot trust the record as a whole (None: it can). Older and newer
+        formats of the same major are readable; another major, or no sane format, is not."""
+        if self.major != STATE_MAJOR:
+            return f"state format major {self.major!r} (this version reads major {STATE_MAJOR})"
+        if not isinstance(self.format, int) or isinstance(self.format, bool) or self.format < 1:
+            return f"state format {self.format!r} is not a format number"
+        return None
+
+
+def read_state(path: str) -> AttachmentState | None:
+    """The record at `path`; None when it is missing, a symlink, or not a JSON object."""
+    value = fsutil.read_json(path)
+    return AttachmentState.from_json(value) if isinstance(value, dict) else None
+
+
+def network_folders(state_dir: str) -> list[str]:
+    """The network folders under a state folder (not the lock or cache folders beside them)."""
+    try:
+        names = os.listdir(state_dir)
+    except OSError:
+        return []
+    return sorted(n for n in names if n not in RESERVED_NAMES and os.path.isdir(f"{state_dir}/{n}"))

@@ -8,8 +8,9 @@ node's capacity while the pod is using it. The CNI plugin records every move bef
 
 from __future__ import annotations
 
-import json
 import os
+
+from rdma_netns.state import network_folders, read_state
 
 
 def devices_in_pods(state_dir: str) -> set[str]:
@@ -18,16 +19,12 @@ def devices_in_pods(state_dir: str) -> set[str]:
 
 def device_netns(state_dir: str) -> dict[str, str]:
     """Device name -> the pod's netns path ("" when the state has none): where to ask the kernel
-    for the device's char devices while it is away (away.py)."""
+    for the device's char devices while it is away (away.py). Read through the CNI plugin's own
+    record class (rdma_netns.state), so the two programs cannot disagree about the format; a
+    record of any format counts, since a device it names is away whatever else it says."""
     found: dict[str, str] = {}
-    try:
-        networks = os.listdir(state_dir)
-    except OSError:
-        return found
-    for network in networks:
+    for network in network_folders(state_dir):
         folder = os.path.join(state_dir, network)
-        if network == "verified-configs" or not os.path.isdir(folder):
-            continue
         try:
             names = os.listdir(folder)
         except OSError:
@@ -35,15 +32,10 @@ def device_netns(state_dir: str) -> dict[str, str]:
         for name in names:
             if not name.endswith(".json") or ":" not in name:
                 continue
-            try:
-                with open(os.path.join(folder, name), "rb") as f:
-                    state = json.loads(f.read(1 << 20))
-            except (OSError, ValueError):
+            state = read_state(os.path.join(folder, name))
+            if state is None or state.mode == "shared":
                 continue
-            if not isinstance(state, dict) or state.get("mode") == "shared":
-                continue
-            netns = state.get("netns") if isinstance(state.get("netns"), str) else ""
-            for rail in state.get("rails") or []:
-                if isinstance(rail, dict) and isinstance(rail.get("rdmaDevice"), str):
-                    found[rail["rdmaDevice"]] = netns
+            for rail in state.rails:
+                if isinstance(rail.get("rdmaDevice"), str):
+                    found[rail["rdmaDevice"]] = state.netns
     return found

@@ -355,15 +355,15 @@ def test_ipam_misbehaves_on_the_second_rail(node, fake, behaviour, words):
 
 
 def test_ipam_del_fails_during_del_keeps_state_then_retry(node, fake):
-    """DEL removes the pod's links, but an IPAM DEL failure keeps the state (an error, 100): the
-    runtime's retry finishes the job."""
+    """DEL removes the pod's links, but an IPAM DEL failure keeps the state (an error, 105: IPAM
+    failed, the kernel did its part; issue 15): the runtime's retry finishes the job."""
     pod = node.pod()
     conf = use_fake(node, node.conf(rails=2), rails=(0, 1))
     node.cni("VERSION", conf).ok()
     before = snapshot(node, [pod])
     node.cni("ADD", conf, pod, cni_path=fake.cni_path).ok()
     fake.set("fail", "DEL")
-    err = node.cni("DEL", conf, pod, cni_path=fake.cni_path).error(100)
+    err = node.cni("DEL", conf, pod, cni_path=fake.cni_path).error(105)
     assert "fake ipam says no" in err["msg"]
     assert rail_links(node, pod) == set()
     assert state_files(node), "the state stays for the retry"

@@ -400,9 +400,9 @@ def test_symlinked_lock_file_is_refused(node, tmp_path):
     node.cni("ADD", conf, pod).ok()
     node.cni("DEL", conf, pod).ok()
     target = tmp_path / "lock-target"
-    for f in (Path(node.state_dir) / "locks").iterdir():
-        f.unlink()
-        os.symlink(target, f)
+    locks = Path(node.state_dir) / "locks"
+    assert [f.name for f in locks.iterdir() if ":" in f.name] == []  # DEL took its lock file along
+    os.symlink(target, locks / "c1:net1")  # the attachment's lock file (per attachment since issue 15)
     before = snapshot(node, [pod])
     result = node.cni("ADD", conf, pod)
     assert not target.exists(), "the lock was created through the symlink"

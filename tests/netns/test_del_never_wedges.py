@@ -186,3 +186,20 @@ def test_del_when_the_recorded_netns_path_is_no_longer_a_netns(node, tmp_path):
     path.write_text(json.dumps(state))
     node.cni("DEL", dict(conf, newKey=1), netns="").ok()
     assert node.allocations() == [] and node.attachment_records() == []
+
+
+def test_a_state_of_an_unknown_major_format_is_not_checked_but_deleted(node):
+    """Issue 15: STATE_FORMAT is checked on read. A record of another major (an incompatible
+    writer) is refused by CHECK with a clear error; DEL still undoes what the fields it knows say."""
+    pod, conf = added(node)
+    path = Path(node.state_dir) / "rdmanet" / "c1:net1.json"
+    state = json.loads(path.read_text())
+    state["formatMajor"] = 2
+    state["format"] = 1
+    path.write_text(json.dumps(state))
+    err = node.cni("CHECK", conf, pod).error(1)
+    assert "format major 2" in err["msg"] and "DEL still works" in err["details"]
+    result = node.cni("DEL", conf, pod)
+    result.ok()
+    assert "format major 2" in result.stderr
+    assert_gone(node, pod)

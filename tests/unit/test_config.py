@@ -58,7 +58,7 @@ def test_loader_caches_the_verdict(tmp_path):
     assert stat.S_IMODE(cache_dir.stat().st_mode) == 0o700
     # Another invocation of the same network (different runtime keys) reads the cache.
     second = loader.load(dict(raw, runtimeConfig={"deviceID": "0000:3b:00.0"}))
-    assert second.net == first.net
+    assert second.net.source == first.net.source
     assert second.runtime.device_id == "0000:3b:00.0" and first.runtime.mac == "02:00:00:00:00:01"
     # Key order does not matter; content does.
     reordered = dict(reversed(list(raw.items())))
@@ -82,7 +82,7 @@ def test_a_tampered_cache_entry_is_not_trusted_blindly(tmp_path):
     loader.load(conf(stateDir=state))
     (entry,) = list((tmp_path / "st" / "verified-configs").iterdir())
     entry.write_text("garbage")
-    assert loader.load(conf(stateDir=state)).net["name"] == "rdma"
+    assert loader.load(conf(stateDir=state)).net.name == "rdma"
 
 
 def test_gc_attachments_parsed():
@@ -91,3 +91,37 @@ def test_gc_attachments_parsed():
     assert cfg.valid_attachments == {("a", "eth0")}
     with pytest.raises(CniError):
         loader.load(conf(**{"cni.dev/valid-attachments": [{"containerID": 1}]}))
+
+
+@pytest.mark.parametrize("name", ["locks", "verified-configs"])
+def test_reserved_network_names_are_refused(tmp_path, name):
+    """A network named like a folder the state folder keeps beside the networks' would share it."""
+    with pytest.raises(CniError) as err:
+        loader.load(conf(stateDir=str(tmp_path), name=name))
+    assert err.value.code == 7 and "reserved" in err.value.msg and name in err.value.msg
+    # DEL still finds what an older version (which allowed the name) may have attached.
+    assert loader.load_for_teardown(conf(stateDir=str(tmp_path), name=name)).net.name == name
+
+
+def test_the_plugin_version_is_part_of_the_cache_key(tmp_path, monkeypatch):
+    """An upgrade that changes defaults must not be served the previous version's verdict."""
+    raw = conf(stateDir=str(tmp_path))
+    loader.load(raw)
+    cache = tmp_path / "verified-configs"
+    first = {p.name for p in cache.iterdir()}
+    monkeypatch.setattr(loader, "__version__", "99.0.0")
+    loader.load(raw)
+    assert len(first) == 1 and len({p.name for p in cache.iterdir()} - first) == 1
+
+
+def test_network_config_is_typed():
+    from rdma_netns.config.netconf import NetConfig
+
+    net = NetConfig(model.validate(conf(routeTableBase=300, gidWaitMs=0)))
+    assert (net.name, net.link, net.link_mode, net.route_table_base, net.gid_wait_ms) == \
+        ("rdma", "macvlan", "bridge", 300, 0)
+    assert net.teardown_settings() == {"routeTableBase": 300, "rulePriorityBase": 1000, "ipamTimeoutSeconds": 30.0,
+                                       "link": "macvlan", "linkMode": "bridge"}
+    recorded = net.with_recorded({"routeTableBase": 500, "link": "ipvlan", "rulePriorityBase": "x"})
+    assert (recorded.route_table_base, recorded.link, recorded.rule_priority_base) == (500, "ipvlan", 1000)
+    assert net.route_table_base == 300  # the original is untouched

@@ -80,8 +80,8 @@ def test_del_fallback_checks_only_name_and_state_dir(tmp_path):
     assert exc.value.code == INVALID_CONFIG
     cfg = loader.load_for_teardown(raw)
     assert cfg.refused and "newKey" in cfg.refused
-    assert cfg.net["name"] == "net" and cfg.net["stateDir"] == str(tmp_path)
-    assert cfg.net["routeTableBase"] == 100 and cfg.net["lockTimeoutSeconds"] == 10.0
+    assert cfg.net.name == "net" and cfg.net.state_dir == str(tmp_path)
+    assert cfg.net.route_table_base == 100 and cfg.net.lock_timeout == 10.0
     assert loader.load_for_teardown(conf(str(tmp_path), 1)).refused is None
 
 
@@ -101,7 +101,7 @@ def test_del_fallback_keeps_the_version_check(tmp_path):
 
 
 def test_model_defaults_are_the_teardown_defaults(tmp_path):
-    net = loader.load(conf(str(tmp_path), 1)).net
+    net = loader.load(conf(str(tmp_path), 1)).net.source
     for key in ("routeTableBase", "rulePriorityBase", "ipamTimeoutSeconds", "lockTimeoutSeconds"):
         assert net[key] == loader.TEARDOWN_DEFAULTS[key]
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from rdma_netns import grants_client, pairing
+from rdma_netns.config.netconf import NetConfig
 from rdma_netns.spec.env import CniEnv
 from rdma_netns.spec.errors import CniError
 
@@ -72,9 +73,10 @@ def broker_with() -> Iterator[Callable[[Callable[[bytes], bytes | None]], Script
         b.close()
 
 
-def net(broker: str, timeout_ms: int = 300) -> dict:
-    return {"resourceName": "rdma/hca", "podResourcesSocket": "/var/lib/kubelet/pod-resources/kubelet.sock",
-            "podResourcesTimeoutMs": timeout_ms, "podGrantsSocket": broker}
+def net(broker: str, timeout_ms: int = 300) -> NetConfig:
+    return NetConfig({"name": "n", "stateDir": "/nonexistent", "resourceName": "rdma/hca",
+                      "podResourcesSocket": "/var/lib/kubelet/pod-resources/kubelet.sock",
+                      "podResourcesTimeoutMs": timeout_ms, "podGrantsSocket": broker})
 
 
 def test_request_carries_the_pod_and_the_answer_comes_back(broker_with):
@@ -120,7 +122,7 @@ def test_oversized_answer_is_refused(broker_with):
 def test_no_broker_means_asking_kubelet_directly(tmp_path):
     """No broker socket: the plugin asks kubelet itself, here a kubelet that is not there either."""
     conf = net(str(tmp_path / "absent.sock"))
-    conf["podResourcesSocket"] = str(tmp_path / "no-kubelet.sock")
+    conf.pod_resources_socket = str(tmp_path / "no-kubelet.sock")
     with pytest.raises(CniError) as err:
         grants_client.query(conf, "ns", "pod", "")
     assert err.value.code == 107 and "unreachable" in err.value.msg and "no-kubelet.sock" in err.value.msg
@@ -128,7 +130,7 @@ def test_no_broker_means_asking_kubelet_directly(tmp_path):
 
 def test_pairing_rules():
     env = CniEnv("ADD", "c1", "/var/run/netns/p", "eth0", {"IgnoreUnknown": "1"})
-    assert pairing.granted(env, {"resourceName": None}) is None
+    assert pairing.granted(env, NetConfig({"name": "n", "stateDir": "/x"})) is None
     with pytest.raises(CniError) as err:
         pairing.granted(env, net("/nonexistent"))
     assert err.value.code == 4

@@ -77,9 +77,12 @@ def test_ipv4_gid_text_is_mapped():
 
 
 def net(**kw):
-    base = {"rails": None, "ipam": {"type": "host-local"}, "requireRdma": True, "mtu": None}
+    from rdma_netns.config.netconf import NetConfig
+
+    base = {"name": "n", "stateDir": "/nonexistent", "rails": None, "ipam": {"type": "host-local"},
+            "requireRdma": True, "mtu": None}
     base.update(kw)
-    return base
+    return NetConfig(base)
 
 
 def rail(**kw):
@@ -165,5 +168,5 @@ def test_status_refuses_a_shared_network_on_an_exclusive_kernel(sysfs):
 
     write(sysfs / "module/ib_core/parameters/netns_mode", "N")
     with pytest.raises(CniError) as err:
-        modes.select({"mode": "shared", "link": "macvlan", "linkMode": "bridge"})
+        modes.select(net(mode="shared", link="macvlan", linkMode="bridge"))
     assert err.value.code == 103

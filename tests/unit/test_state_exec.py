@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -12,14 +13,18 @@ import pytest
 
 from rdma_netns import execplugin
 from rdma_netns.spec.errors import CniError
-from rdma_netns.state import StateStore
+from rdma_netns.state import AttachmentState, StateStore
 
 
 def test_state_round_trip_and_permissions(tmp_path):
     store = StateStore(str(tmp_path / "s"), "net")
     store.prepare()
-    store.save("cid", "eth0", {"a": 1})
-    assert store.load("cid", "eth0") == {"a": 1}
+    record = AttachmentState(mode="shared", link="macvlan", container_id="cid", ifname="eth0", netns="/n",
+                             network="net", rails=[{"ifname": "eth0"}], teardown={"routeTableBase": 100})
+    store.save("cid", "eth0", record)
+    assert store.load("cid", "eth0").to_json() == record.to_json() == {
+        "format": 2, "phase": "adding", "mode": "shared", "link": "macvlan", "containerID": "cid", "ifname": "eth0",
+        "netns": "/n", "network": "net", "teardown": {"routeTableBase": 100}, "rails": [{"ifname": "eth0"}]}
     assert store.attachments() == [("cid", "eth0")]
     path = tmp_path / "s" / "net" / "cid:eth0.json"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
@@ -69,7 +74,7 @@ def test_lock_times_out_with_try_again_later(tmp_path):
                 pass
         assert err.value.code == 11
         assert 0.25 < time.monotonic() - start < 2
-        with store.locked("other", "eth0", 0.3) as waited:  # another attachment is not blocked (another stripe)
+        with store.locked("other", "eth0", 0.3) as waited:  # another attachment is not blocked (another file)
             assert waited < 0.3
     finally:
         holder.kill()
@@ -104,3 +109,95 @@ def test_exec_of_a_plugin_that_ignores_stdin(tmp_path):
     path = script(tmp_path, "echo done\n")
     out = execplugin.run(path, b"y" * 200_000, {"PATH": "/usr/bin:/bin"}, timeout=10)
     assert out.returncode == 0 and out.stdout == b"done\n"
+
+
+# ---------------------------------------------------------------- per-attachment locks (issue 15)
+
+
+def test_unrelated_attachments_never_wait_for_each_other(tmp_path):
+    """64 attachments with random container IDs (as runtimes make them) hold their locks at once:
+    none waits for another (the 256 crc32 stripes this replaces put ~8 pairs on one stripe)."""
+    import secrets
+    import threading
+
+    store = StateStore(str(tmp_path / "s"), "net")
+    store.prepare()
+    ids = [secrets.token_hex(32) for _ in range(64)]
+    barrier = threading.Barrier(len(ids))
+    waited: dict[str, float] = {}
+
+    def hold(cid: str) -> None:
+        with store.locked(cid, "eth0", 5) as w:
+            waited[cid] = w
+            barrier.wait(timeout=10)  # every lock is held at the same moment
+
+    threads = [threading.Thread(target=hold, args=(cid,)) for cid in ids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(waited) == 64 and max(waited.values()) < 0.05, sorted(waited.values())[-3:]
+    assert os.listdir(tmp_path / "s" / "locks") == []  # each lock file went with its release
+
+
+def test_lock_file_removal_never_lets_two_holders_in(tmp_path):
+    """Many callers of one attachment, each releasing (and so unlinking) the lock: the inode check
+    after flock keeps the critical section exclusive."""
+    import threading
+
+    store = StateStore(str(tmp_path / "s"), "net")
+    store.prepare()
+    inside = [0]
+    worst = [0]
+    guard = threading.Lock()
+
+    def work() -> None:
+        for _ in range(30):
+            with store.locked("same", "eth0", 10):
+                with guard:
+                    inside[0] += 1
+                    worst[0] = max(worst[0], inside[0])
+                time.sleep(0.0005)
+                with guard:
+                    inside[0] -= 1
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert worst[0] == 1
+    assert os.listdir(tmp_path / "s" / "locks") == []
+
+
+def test_gc_sweeps_lock_files_left_by_killed_calls(tmp_path):
+    store = StateStore(str(tmp_path / "s"), "net")
+    store.prepare()
+    locks = tmp_path / "s" / "locks"
+    (locks / "dead:eth0").touch()  # a call killed while holding: the kernel dropped its flock
+    (locks / "verified-configs.fill").touch()  # the config cache's fill lock is not an attachment's
+    with store.locked("busy", "eth0", 1):
+        assert store.sweep_locks() == 1
+        assert sorted(os.listdir(locks)) == ["busy:eth0", "verified-configs.fill"]
+    assert os.listdir(locks) == ["verified-configs.fill"]
+
+
+def test_state_format_is_checked_on_read(tmp_path):
+    store = StateStore(str(tmp_path / "s"), "net")
+    store.prepare()
+    path = tmp_path / "s" / "net" / "c:eth0.json"
+    base = {"phase": "ready", "mode": "shared", "link": "macvlan", "containerID": "c", "ifname": "eth0",
+            "netns": "", "network": "net", "rails": [{"ifname": "eth0", "x": 1}]}
+    path.write_text(json.dumps(base))  # format 1 (0.1.0 wrote no teardown)
+    assert store.load("c", "eth0").unreadable() is None
+    newer = dict(base, format=7, futureField={"a": 1})  # a newer additive format: readable, kept whole
+    path.write_text(json.dumps(newer))
+    state = store.load("c", "eth0")
+    assert state.unreadable() is None and state.to_json()["futureField"] == {"a": 1}
+    for bad in (dict(base, formatMajor=2), dict(base, format="2.0"), dict(base, format=True)):
+        path.write_text(json.dumps(bad))
+        state = store.load("c", "eth0")
+        assert state.unreadable() and state.rails == [{"ifname": "eth0", "x": 1}]  # still usable by DEL
+    path.write_text(json.dumps(dict(base, rails="nonsense", netns=5)))
+    state = store.load("c", "eth0")
+    assert state.rails == [] and state.netns == ""

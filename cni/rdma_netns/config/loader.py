@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 
 from rdma_netns import __version__, fsutil, jsonio
+from rdma_netns.config.netconf import TEARDOWN_DEFAULTS, NetConfig
 from rdma_netns.spec import versions
 from rdma_netns.spec.errors import DECODE_FAILURE, INVALID_CONFIG, INVALID_ENV, CniError
 
@@ -20,15 +21,14 @@ RUNTIME_KEYS = ("args", "runtimeConfig", "prevResult", "cni.dev/valid-attachment
 DEFAULT_STATE_DIR = "/var/lib/cni/rdma-netns"
 DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 DEFAULT_POD_GRANTS_SOCKET = "/run/rdma-netns/pod-grants.sock"
-CACHE_FOLDER = "verified-configs"
+CACHE_FOLDER = "verified-configs"  # state.CACHE_FOLDER (not imported: a VERSION call loads no state code)
+# Folder names beside the network folders under stateDir (state.RESERVED_NAMES): a network of
+# that name would share its folder with the lock files or this cache.
+RESERVED_NETWORK_NAMES = ("locks", CACHE_FOLDER)
 # The verified-config cache holds one file per (config digest, plugin version); containerd 1.6
 # never sends GC, so a node whose configs change (rollouts, hand edits) would grow it for ever.
 # A cache miss (rare: a new config) keeps only the CACHE_KEEP most recent files by mtime.
 CACHE_KEEP = 32
-# What teardown needs when the config cannot be validated and an old state did not record it:
-# the model's defaults (model.py takes them from here, so the two cannot drift apart).
-TEARDOWN_DEFAULTS = {"routeTableBase": 100, "rulePriorityBase": 1000, "ipamTimeoutSeconds": 30.0,
-                     "lockTimeoutSeconds": 10.0, "link": "macvlan", "linkMode": None}
 NETWORK_NAME_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-"
 HEX = "0123456789abcdefABCDEF"
 
@@ -65,7 +65,7 @@ class Config:
 
     __slots__ = ("net", "cni_version", "runtime", "prev_result", "args", "valid_attachments", "refused")
 
-    def __init__(self, net: dict, cni_version: str, runtime: RuntimeConfig, prev_result: dict | None,
+    def __init__(self, net: NetConfig, cni_version: str, runtime: RuntimeConfig, prev_result: dict | None,
                  args: dict | None, valid_attachments: set[tuple[str, str]] | None,
                  refused: str | None = None) -> None:
         self.net, self.cni_version, self.runtime = net, cni_version, runtime
@@ -90,8 +90,13 @@ def parse_json(data: bytes) -> dict:
 
 def load(raw: dict) -> Config:
     version = versions.require_supported(raw.get("cniVersion", ""))
+    net = NetConfig(_validated_network(raw))
+    if net.name in RESERVED_NETWORK_NAMES:
+        raise CniError(INVALID_CONFIG, f"invalid network config: name {net.name!r} is reserved (the state folder "
+                       f"keeps its {' and '.join(RESERVED_NETWORK_NAMES)} folders beside the networks' folders)",
+                       "give the network another name")
     return Config(
-        net=_validated_network(raw),
+        net=net,
         cni_version=version,
         runtime=_runtime_config(raw.get("runtimeConfig")),
         prev_result=_optional_object(raw, "prevResult"),
@@ -125,9 +130,11 @@ def load_for_teardown(raw: dict) -> Config:
                   valid_attachments=None, refused=refused)
 
 
-def teardown_network(raw: dict) -> dict:
+def teardown_network(raw: dict) -> NetConfig:
     """The network name and stateDir from an unvalidated config, checked as the model would,
-    plus the teardown defaults (the state's own recorded settings take precedence in plugin.py)."""
+    plus the teardown defaults (the state's own recorded settings take precedence in plugin.py).
+    A reserved name passes here: an older version may have attached pods under it, and DEL must
+    still find their state."""
     name = raw.get("name")
     if not isinstance(name, str) or not 0 < len(name) <= 128 or name[0] in "_.-" \
             or not all(c in NETWORK_NAME_CHARS for c in name):
@@ -143,7 +150,7 @@ def teardown_network(raw: dict) -> dict:
     timeout = raw.get("lockTimeoutSeconds")  # how long to wait for a concurrent call: the config's, if sane
     if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and 0 < timeout <= 600:
         net["lockTimeoutSeconds"] = float(timeout)
-    return net
+    return NetConfig(net)
 
 
 def _validated_network(raw: dict) -> dict:
@@ -191,7 +198,8 @@ def expire_cache(cache_dir: str, keep: int) -> None:
 
 
 class _CacheFillLock:
-    """flock on <stateDir>/locks/verified-configs.fill (beside the attachment lock stripes);
+    """flock on <stateDir>/locks/verified-configs.fill (beside the attachment locks, whose names
+    have a ':');
     without usable folders it is a no-op (every process then validates for itself)."""
 
     def __init__(self, state_dir: str, cache_dir: str) -> None:

@@ -1,46 +1,61 @@
-"""How a rail's interface gets into the pod and out again, one module per RDMA netns mode.
+"""How a rail's interface gets into the pod and out again, one module per mode.
 
-A mode implements prepare (facts to record before any change), attach (host -> pod), owns,
-detach (pod -> host, run inside the pod) and restore_host (run in the host afterwards, also
-when the pod's namespace is already gone). Everything else about a rail (IPAM, addresses,
-routing, GID checks, state) is common and lives in plugin.py and addressing.py.
+Every mode subclasses base.Mode (the protocol plugin.py talks to: capabilities such as
+parent_must_be_up, gids_in_pod, configures_addresses, and prepare/attach/find_in_pod/owns/detach/
+restore_host). Everything else about a rail (IPAM, addresses, routing, GID checks, state) is
+common and lives in plugin.py and addressing.py. This module is the one place that maps the
+config and a state's record to a mode:
+- shared.py: a macvlan/ipvlan of the RDMA netdev per rail (kernel shared mode);
+- exclusive.py: the whole NIC, netdev and RDMA device, moves into the pod (exclusive mode);
+- rdma_device.py: exclusive, chained after a netdev plugin without IPAM: only the RDMA device moves.
+A new link type is a new Mode module (or a new link kind of SharedMode) plus the config model.
 """
 
 from __future__ import annotations
 
+from rdma_netns import mode_policy
+from rdma_netns.config.netconf import NetConfig
 from rdma_netns.kernel import rdma_sysfs
+from rdma_netns.modes import rdma_device
+from rdma_netns.modes.base import Mode
 from rdma_netns.modes.exclusive import ExclusiveMode
 from rdma_netns.modes.shared import SharedMode
 from rdma_netns.spec.errors import WRONG_RDMA_MODE, CniError
 
-Mode = SharedMode | ExclusiveMode
+__all__ = ["Mode", "effective_mode", "select", "for_state", "for_config"]
 
 
 def effective_mode(configured: str, kernel: str | None) -> str:
-    """The mode to run in: `auto` follows the kernel; a mismatch is an error, not a guess."""
-    if configured == "auto":
-        return kernel or "shared"
-    if kernel is not None and kernel != configured:
-        raise CniError(
-            WRONG_RDMA_MODE,
-            f"this network is configured for {configured} RDMA mode but the kernel's RDMA netns mode is {kernel}",
-            f"set the node's mode at boot with `options ib_core netns_mode={1 if configured == 'shared' else 0}` "
-            "in /etc/modprobe.d (a change needs no other network namespace to exist), or set \"mode\" to \"auto\"",
-        )
-    return configured
+    """The mode to run in (mode_policy's rule): `auto` follows the kernel; a mismatch is an
+    error, not a guess."""
+    mode = mode_policy.resolve(configured, kernel)
+    problem = mode_policy.mismatch(mode, kernel)
+    if problem:
+        raise CniError(WRONG_RDMA_MODE, f"this network is configured for {configured} RDMA mode: {problem}",
+                       f"{mode_policy.fix_hint(mode)}; or set \"mode\" to \"auto\"")
+    return mode
 
 
-def _build(name: str, net: dict) -> Mode:
-    return ExclusiveMode() if name == "exclusive" else SharedMode(net["link"], net["linkMode"])
+def _build(name: str, link: str, link_mode: str | None) -> Mode:
+    return ExclusiveMode() if name == "exclusive" else SharedMode(link, link_mode)
 
 
-def select(net: dict) -> Mode:
+def select(net: NetConfig, chained: bool = False) -> Mode:
     """The mode for a new attachment: the config's, checked against the kernel's."""
-    return _build(effective_mode(net["mode"], rdma_sysfs.netns_mode()), net)
+    name = effective_mode(net.mode, rdma_sysfs.netns_mode())
+    if rdma_device.applies(net, name, chained):
+        return rdma_device.RdmaDeviceMode()
+    return _build(name, net.link, net.link_mode)
 
 
-def for_state(state: dict, net: dict) -> Mode:
-    """The mode an existing attachment was made in (its state says), for teardown and CHECK."""
-    if state.get("mode") == "exclusive":
-        return ExclusiveMode()
-    return SharedMode(state.get("link") or net["link"], net["linkMode"])
+def for_state(mode: str, link: str, rails: list[dict], net: NetConfig) -> Mode:
+    """The mode an existing attachment was made in (its state's mode, link and rails say), for
+    teardown and CHECK."""
+    if link == rdma_device.LINK_KIND or any(r.get("rdmaOnly") for r in rails):
+        return rdma_device.RdmaDeviceMode()
+    return _build("exclusive" if mode == "exclusive" else "shared", link or net.link, net.link_mode)
+
+
+def for_config(net: NetConfig) -> Mode:
+    """Without state (DEL of an unknown attachment): the mode the config names, unchecked."""
+    return _build("exclusive" if net.mode == "exclusive" else "shared", net.link, net.link_mode)

@@ -15,6 +15,7 @@ import time
 from rdma_netns import faults
 from rdma_netns.kernel import rtnl
 from rdma_netns.kernel.netlink import NetlinkError, NetlinkSocket
+from rdma_netns.modes.base import Mode
 from rdma_netns.rails import Rail
 from rdma_netns.spec.errors import IFNAME_EXISTS, INVALID_CONFIG, KERNEL_REJECTED, CniError
 
@@ -24,9 +25,13 @@ PHYSICAL_KINDS = ("", "veth")
 NIC_RETURN_WAIT = 5.0  # seconds DEL waits for a physical NIC from a deleted pod namespace
 
 
-class ExclusiveMode:
+class ExclusiveMode(Mode):
+    __slots__ = ()
+
     name = "exclusive"
     link_kind = "netdev"
+    gids_in_pod = True  # a namespace sees only the RDMA devices moved into it
+    grant_names_devices = True
 
     def prepare(self, rail: Rail, parent: rtnl.Link) -> dict:
         """What DEL needs to put the NIC back exactly, recorded before anything moves."""
@@ -61,10 +66,13 @@ class ExclusiveMode:
         return next((lk for lk in rtnl.list_links(pod_sock) if lk.mac == mac and lk.kind in PHYSICAL_KINDS),
                     None)
 
-    def detach(self, pod_sock: NetlinkSocket, link: rtnl.Link, rail_state: dict, host_netns_fd: int) -> None:
+    def detach(self, pod_sock: NetlinkSocket, link: rtnl.Link | None, rail_state: dict,
+               host_netns_fd: int) -> None:
         """Inside the pod: the RDMA device goes back first, then the netdev under its host name."""
         if rail_state.get("rdmaDevice"):
             move_rdma_device(rail_state["rdmaDevice"], host_netns_fd, missing_ok=True)
+        if link is None:
+            return
         try:
             rtnl.move_link(pod_sock, link.index, host_netns_fd, rail_state["hostName"])
         except NetlinkError as exc:
@@ -101,7 +109,6 @@ class ExclusiveMode:
         if rail_state.get("hostUp"):
             rtnl.set_link_up(host_sock, link.index)
         return None
-
 
     @staticmethod
     def _find_by_mac(host_sock: NetlinkSocket, mac: str) -> rtnl.Link | None:

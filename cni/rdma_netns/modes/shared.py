@@ -11,19 +11,20 @@ import errno
 
 from rdma_netns.kernel import rtnl
 from rdma_netns.kernel.netlink import NetlinkError, NetlinkSocket
+from rdma_netns.modes.base import Mode
 from rdma_netns.rails import Rail
 from rdma_netns.spec.errors import IFNAME_EXISTS, INVALID_CONFIG, KERNEL_REJECTED, CniError
 
 
-class SharedMode:
+class SharedMode(Mode):
+    __slots__ = ("link_kind", "link_mode")
+
     name = "shared"
+    parent_must_be_up = True  # its pods' links follow the parent's carrier
 
     def __init__(self, link_kind: str, link_mode: str) -> None:
         self.link_kind = link_kind
         self.link_mode = link_mode
-
-    def prepare(self, rail: Rail, parent: rtnl.Link) -> dict:
-        return {}  # nothing on the host changes, so nothing to restore
 
     def attach(self, host_sock: NetlinkSocket, pod_netns_fd: int, rail: Rail, parent: rtnl.Link,
                mac: str | None) -> None:
@@ -46,11 +47,7 @@ class SharedMode:
         """Only sub-interfaces of our kind are ours to delete: never a moved or foreign netdev."""
         return link.kind == self.link_kind
 
-    def find_in_pod(self, pod_sock: NetlinkSocket, rail_state: dict) -> rtnl.Link | None:
-        return rtnl.get_link(pod_sock, rail_state["ifname"])
-
-    def detach(self, pod_sock: NetlinkSocket, link: rtnl.Link, rail_state: dict, host_netns_fd: int) -> None:
-        rtnl.delete_link(pod_sock, link.index)
-
-    def restore_host(self, host_sock: NetlinkSocket, rail_state: dict) -> str | None:
-        return None
+    def detach(self, pod_sock: NetlinkSocket, link: rtnl.Link | None, rail_state: dict,
+               host_netns_fd: int) -> None:
+        if link is not None:
+            rtnl.delete_link(pod_sock, link.index)

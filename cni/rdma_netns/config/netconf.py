@@ -1,0 +1,71 @@
+"""The validated network config as a typed object, for the hot path.
+
+model.py (pydantic) is the contract and runs only on a cache miss; the loader keeps its
+normalised output as a plain dict (the cached verdict), and every call builds a NetConfig from
+that dict: attribute access, slots, no imports. A new config key means a field in model.py and
+an attribute here (one line in __slots__, one in __init__).
+"""
+
+from __future__ import annotations
+
+# What teardown needs when the config cannot be validated and an old state did not record it:
+# the model's defaults (model.py takes them from here, so the two cannot drift apart).
+TEARDOWN_DEFAULTS = {"routeTableBase": 100, "rulePriorityBase": 1000, "ipamTimeoutSeconds": 30.0,
+                     "lockTimeoutSeconds": 10.0, "link": "macvlan", "linkMode": None}
+
+
+class NetConfig:
+    """One network's settings (names as in the JSON config, in snake case)."""
+
+    __slots__ = ("name", "type", "mode", "link", "link_mode", "rails", "ipam", "require_rdma", "gid_wait_ms",
+                 "route_table_base", "rule_priority_base", "ipam_timeout", "lock_timeout", "mtu", "state_dir",
+                 "dns", "resource_name", "pod_resources_socket", "pod_resources_timeout_ms",
+                 "pod_grants_socket", "source")
+
+    def __init__(self, d: dict) -> None:
+        """d: the model's normalised output (every key present), or teardown_network()'s subset."""
+        self.source = d  # the normalised dict itself (cached verdict): for code that passes it on
+        self.name: str = d["name"]
+        self.type: str = d.get("type", "rdma-netns")
+        self.mode: str = d.get("mode", "auto")
+        self.link: str = d.get("link") or TEARDOWN_DEFAULTS["link"]
+        self.link_mode: str | None = d.get("linkMode")
+        self.rails: list[dict] | None = d.get("rails")
+        self.ipam: dict | None = d.get("ipam")
+        self.require_rdma: bool = d.get("requireRdma", True)
+        self.gid_wait_ms: int = d.get("gidWaitMs", 500)
+        self.route_table_base: int = d.get("routeTableBase", TEARDOWN_DEFAULTS["routeTableBase"])
+        self.rule_priority_base: int = d.get("rulePriorityBase", TEARDOWN_DEFAULTS["rulePriorityBase"])
+        self.ipam_timeout: float = d.get("ipamTimeoutSeconds", TEARDOWN_DEFAULTS["ipamTimeoutSeconds"])
+        self.lock_timeout: float = d.get("lockTimeoutSeconds", TEARDOWN_DEFAULTS["lockTimeoutSeconds"])
+        self.mtu: int | None = d.get("mtu")
+        self.state_dir: str = d["stateDir"]
+        self.dns: dict | None = d.get("dns")
+        self.resource_name: str | None = d.get("resourceName")
+        self.pod_resources_socket: str = d.get("podResourcesSocket", "")
+        self.pod_resources_timeout_ms: int = d.get("podResourcesTimeoutMs", 500)
+        self.pod_grants_socket: str = d.get("podGrantsSocket", "")
+
+    def teardown_settings(self) -> dict:
+        """What DEL needs of the config to undo an attachment, recorded at ADD (state format 2)."""
+        return {"routeTableBase": self.route_table_base, "rulePriorityBase": self.rule_priority_base,
+                "ipamTimeoutSeconds": self.ipam_timeout, "link": self.link, "linkMode": self.link_mode}
+
+    def with_recorded(self, recorded: object) -> NetConfig:
+        """The config as teardown sees it: the settings a state recorded at ADD win over today's
+        config (which may have changed, or be DEL's fallback for a refused config); values of
+        the wrong type (a hand-edited or foreign state) are ignored."""
+        if not isinstance(recorded, dict):
+            return self
+        out = NetConfig.__new__(NetConfig)
+        for slot in NetConfig.__slots__:
+            setattr(out, slot, getattr(self, slot))
+        for key, attr in (("link", "link"), ("linkMode", "link_mode")):
+            if isinstance(recorded.get(key), str):
+                setattr(out, attr, recorded[key])
+        for key, attr in (("routeTableBase", "route_table_base"), ("rulePriorityBase", "rule_priority_base"),
+                          ("ipamTimeoutSeconds", "ipam_timeout")):
+            value = recorded.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+                setattr(out, attr, type(TEARDOWN_DEFAULTS[key])(value))
+        return out
