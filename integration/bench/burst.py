@@ -20,7 +20,7 @@ What runs (inside a private node namespace with R veth rails, see common.py):
             the whole network: the measured effect of host-local's lock on the burst.
   * traced: the rdma-netns burst (and Go IPv4) once more under `strace -f --seccomp-bpf -T
             -e trace=flock,clock_nanosleep`, to measure lock waiting: the plugin's per-
-            attachment lock stripes are polled (flock LOCK_NB + sleep), so its wait is the sum
+            attachment lock files are polled (flock LOCK_NB + sleep), so its wait is the sum
             of its sleeps; host-local takes one blocking flock per network, so its wait is the
             time spent inside flock(LOCK_EX). strace slows every call, so the traced run only
             gives the lock figures, never the latency figures.
@@ -189,7 +189,7 @@ TRACE_LINE = re.compile(r"^(\d+)<([^>]*)> +(?:<\.\.\. (\w+) resumed>|(\w+)\()(.*
 
 
 def parse_traces(trace_dir: str) -> dict:
-    """Lock waiting from the strace logs: the plugin's polled stripe lock, host-local's flock."""
+    """Lock waiting from the strace logs: the plugin's polled attachment lock, host-local's flock."""
     plugin_sleep = defaultdict(float)   # trace file -> seconds slept by rdma-netns waiting for its lock
     plugin_eagain = defaultdict(int)
     hl_wait = defaultdict(float)        # trace file -> seconds host-local spent blocked in flock(LOCK_EX)
@@ -215,7 +215,7 @@ def parse_traces(trace_dir: str) -> dict:
     files = sorted(os.listdir(trace_dir))
     return {
         "calls_traced": len(files),
-        "plugin_stripe_lock": {"calls_that_waited": sum(1 for v in plugin_sleep.values() if v > 0),
+        "plugin_attachment_lock": {"calls_that_waited": sum(1 for v in plugin_sleep.values() if v > 0),
                                "total_wait_s": sum(plugin_sleep.values()),
                                "max_wait_ms": max(plugin_sleep.values(), default=0) * 1000,
                                "eagain_polls": sum(plugin_eagain.values())},
@@ -259,11 +259,6 @@ def run_inner(args: argparse.Namespace) -> dict:
     out["lone"] = {"add": summary_ms(lone_add), "del": summary_ms(lone_del),
                    "add_cpu_ms": statistics.median(lone_cpu) * 1000}
 
-    # --- stripe collisions: which pods' attachments share one of the plugin's 256 lock stripes
-    names = pod_names(npods, "ours")
-    stripes = Counter(common.lock_stripe(container_id(n), POD_IFNAME) for n in names)
-    out["lock_stripes"] = {"stripes_used": len(stripes),
-                           "pods_sharing_a_stripe": sum(c for c in stripes.values() if c > 1)}
 
     def run_variant(variant: Variant, tag: str, is_ours: bool, trace: bool = False) -> None:
         warm = f"{POD_PREFIX}warm-{tag}"  # one untimed pod first: config cache, page cache, IPAM files
@@ -360,13 +355,12 @@ def report(out: dict) -> None:
                 print(f"   stderr: {r['stderr_lines']}")
         if "locks" in ph:
             lk = ph["locks"]
-            s, h = lk["plugin_stripe_lock"], lk["host_local_flock"]
-            print(f"   locks ({lk['calls_traced']} traced calls, ADD+DEL): rdma-netns stripe lock: "
+            s, h = lk["plugin_attachment_lock"], lk["host_local_flock"]
+            print(f"   locks ({lk['calls_traced']} traced calls, ADD+DEL): rdma-netns attachment locks: "
                   f"{s['calls_that_waited']} calls waited, total {s['total_wait_s'] * 1000:.1f} ms, "
                   f"max {s['max_wait_ms']:.1f} ms; host-local flock: total {h['total_wait_s'] * 1000:.1f} ms, "
                   f"{h['calls_that_waited_1ms']} calls waited >1 ms, per call p50 {h['per_call'].get('median_ms', 0):.2f} "
                   f"p99 {h['per_call'].get('p99_ms', 0):.1f} max {h['per_call'].get('max_ms', 0):.1f} ms")
-    print(f"lock stripes: {out['lock_stripes']}")
     for name, value in out["ratios"].items():
         print(f"{name:<44} {value:7.2f}x")
     print(f"goals: {out['goals']}")

@@ -20,13 +20,13 @@ Leaks looked for afterwards, against a snapshot taken after one warm-up cycle:
   * node namespace: links, addresses, IPv4/IPv6 rules, IPv4/IPv6 routes in ALL tables;
   * inside pods (every --pod-check-every'th cycle, after DEL and before the namespace goes):
     links other than lo, rules beyond the two defaults, routes in any table;
-  * the plugin's stateDir: attachment state files and temporary files (the 256 lock stripes,
-    the verified-config cache and the released/ markers are bounded by design and reported, not
+  * the plugin's stateDir: attachment state files and temporary files (lock files of calls in
+    flight, the verified-config cache and the released/ markers are bounded by design and reported, not
     counted as leaks);
 
 Bounded on-disk growth without GC (containerd 1.6 never sends it): the run never sends GC, counts
 the stateDir's files every half second and reports the largest count against the bound the
-plugin keeps by itself: 256 lock stripes + 1 fill lock, at most loader.CACHE_KEEP verified
+plugin keeps by itself: one lock file per call in flight (the holder unlinks it) + 1 fill lock, at most loader.CACHE_KEEP verified
 configs, released/ markers at most state.RELEASED_KEEP (older than state.RELEASED_TTL go sooner)
 plus one SWEEP_INTERVAL of DELs, no attachment state after DEL. --config-variants K cycles through
 K distinct network configs (a rollout or hand edits: one cache file each), and --plant-markers N
@@ -147,14 +147,14 @@ def pod_leftovers(pod: str) -> list[str]:
 
 
 def state_files(state_dir: str) -> dict:
-    out = {"attachment_or_temp_files": [], "lock_stripes": 0, "verified_configs": 0, "released_markers": 0}
+    out = {"attachment_or_temp_files": [], "lock_files": 0, "verified_configs": 0, "released_markers": 0}
     for root, _dirs, files in os.walk(state_dir):
         rel = os.path.relpath(root, state_dir).split(os.sep)
         top = rel[0]
         if rel[-1] == "released":  # "holds nothing" markers: bounded by their TTL (state.py)
             out["released_markers"] += sum(1 for f in files if ":" in f)
         elif top == "locks":
-            out["lock_stripes"] += len(files)
+            out["lock_files"] += len(files)
         elif top == "verified-configs":
             out["verified_configs"] += sum(1 for f in files if f.endswith(".json") and ".tmp." not in f)
             out["attachment_or_temp_files"] += [f"verified-configs/{f}" for f in files if ".tmp." in f]
@@ -184,9 +184,9 @@ def disk_bound(args: argparse.Namespace, elapsed: float) -> dict:
 
     dels_per_sweep = int(args.cycles / max(elapsed, 1e-3) * state.SWEEP_INTERVAL) + 1
     markers = min(state.RELEASED_KEEP + dels_per_sweep, args.plant_markers + args.cycles + 1)
-    return {"lock_files": state.LOCK_STRIPES + 1, "verified_configs": loader.CACHE_KEEP,
+    return {"lock_files": 1 + args.workers, "verified_configs": loader.CACHE_KEEP,
             "released_markers": markers, "sweep_stamps": 1, "attachments_in_flight": args.workers * 2,
-            "total": state.LOCK_STRIPES + 1 + loader.CACHE_KEEP + markers + 1 + args.workers * 2,
+            "total": 1 + args.workers + loader.CACHE_KEEP + markers + 1 + args.workers * 2,
             "released_keep": state.RELEASED_KEEP, "released_ttl_s": state.RELEASED_TTL}
 
 
@@ -375,7 +375,7 @@ def run_inner(args: argparse.Namespace) -> dict:
     rec = Recorder()
     harness_fds_before = len(os.listdir("/proc/self/fd"))
     time_baseline = subprocess.run(["/usr/bin/time", "-f", "%M", "true"], capture_output=True, text=True).stderr
-    cycle(args, Recorder(), -1, 0, stdin, probe)  # warm-up: config cache, lock stripe, IPAM folder
+    cycle(args, Recorder(), -1, 0, stdin, probe)  # warm-up: config cache, lock folder, IPAM folder
     time.sleep(0.5)
     before = node_snapshot()
     state_before = state_files(state_dir)

@@ -22,7 +22,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from zlib import crc32
 
 GO_PLUGINS = "/usr/lib/cni"
 NETNS_DIR = "/var/run/netns"
@@ -201,11 +200,6 @@ def go_macvlan_conf(name: str, rail: int, family: int, data_dir: str) -> dict:
     subnet = f"10.{100 + rail}.0.0/16" if family == 4 else f"fd77:{rail + 1}::/64"
     return {"cniVersion": "1.0.0", "name": name, "type": "macvlan", "master": f"rail{rail}", "mode": "bridge",
             "ipam": host_local(data_dir, subnet)}
-
-
-def lock_stripe(container_id: str, ifname: str, stripes: int = 256) -> int:
-    """The plugin's lock stripe of an attachment (same formula as rdma_netns.state.StateStore.locked)."""
-    return crc32(f"{container_id}:{ifname}".encode()) % stripes
 
 
 # ---------------------------------------------------------------- statistics
