@@ -1,8 +1,8 @@
-"""Guest side of check-rdma-netlink.sh: kernel/rdma_netlink.py and kernel/rdma_nldev.py against
-the real RDMA core (Soft-RoCE on kernel 7.3+).
+"""Guest side of test_0_rdma_netlink: the project's one NETLINK_RDMA client, kernel/rdma_nldev.py
+(its RdmaNetlink connection and the CNI hot path's device_index/move_device), against the real
+RDMA core (Soft-RoCE on kernel 7.3+), cross-checked with `rdma` and sysfs.
 
 Only for the guest: it switches the system-wide RDMA netns mode and makes links and namespaces.
-One process on purpose: `import pyroute2` takes 10-30 s under software emulation.
 Prints "CHECK <name>: PASS|FAIL ..." and "INFO <name>: ..." lines, "PHASE <name> <seconds>" timings
 and a final count; exits 1 when a check failed.
 """
@@ -18,11 +18,10 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from rdma_netns.kernel import netns, rdma_nldev, rdma_sysfs
-from rdma_netns.kernel.netlink import NetlinkError, NetlinkSocket, attr_str
-
 T0 = time.monotonic()
-from rdma_netns.kernel.rdma_netlink import RdmaBusy, RdmaError, RdmaNetlink, RdmaPort  # noqa: E402
+from rdma_netns.kernel import netns, rdma_nldev, rdma_sysfs  # noqa: E402
+from rdma_netns.kernel.netlink import NetlinkError, NetlinkSocket, attr_str  # noqa: E402
+from rdma_netns.kernel.rdma_nldev import NldevPort, RdmaBusy, RdmaError, RdmaNetlink  # noqa: E402
 
 IMPORT_SECONDS = time.monotonic() - T0
 FAILED: list[str] = []
@@ -103,7 +102,7 @@ def set_mode_when_free(rn: RdmaNetlink, mode: str) -> tuple[float, int]:
             time.sleep(0.2)
 
 
-def sysfs_port(port: RdmaPort) -> str:
+def sysfs_port(port: NldevPort) -> str:
     return f"/sys/class/infiniband/{port.device_name}/ports/{port.port_index}"
 
 
@@ -174,7 +173,7 @@ def stdlib_lookups(index: int) -> None:
     with NetlinkSocket(rdma_nldev.NETLINK_RDMA) as sock:
         check("nldev-device-index", rdma_nldev.device_index(sock, "rxe0") == index)
         check("nldev-device-index-absent", rdma_nldev.device_index(sock, "nosuch0") is None)
-        # what the kernel does with a GET by name: why both clients dump instead
+        # what the kernel does with a GET by name: why device_index and RdmaNetlink.device dump instead
         try:
             sock.query(rdma_nldev.nldev_type(rdma_nldev.RDMA_NLDEV_CMD_GET),
                        attr_str(rdma_nldev.RDMA_NLDEV_ATTR_DEV_NAME, "rxe0"), what="GET by name")
@@ -259,7 +258,7 @@ def mode_switches(rn: RdmaNetlink) -> None:
 
 
 def exclusive_moves(rn: RdmaNetlink) -> None:
-    """The recipe of real-rdma-kernel.md, with our clients instead of `ip`/`rdma` for RDMA."""
+    """The recipe of real-rdma-kernel.md, with our client instead of `ip`/`rdma` for RDMA."""
     sh("ip", "link", "add", "v2", "type", "veth", "peer", "name", "v3")
     sh("ip", "link", "set", "v2", "up")
     sh("ip", "netns", "add", "pod1")
@@ -319,7 +318,7 @@ def exclusive_moves(rn: RdmaNetlink) -> None:
 
 
 def nldev_moves(index: int, pod_fd: int, host_fd: int) -> None:
-    """The CNI hot path's client: the same moves on the standard-library transport."""
+    """The CNI hot path's functions (device_index, move_device on a bare socket): the same moves."""
     with NetlinkSocket(rdma_nldev.NETLINK_RDMA) as host:
         rdma_nldev.move_device(host, index, pod_fd)
         check("nldev-move-into-pod", rdma_nldev.device_index(host, "rxe2") is None)
@@ -347,8 +346,8 @@ def cleanup(rn: RdmaNetlink, indexes: dict[str, int]) -> None:
 
 
 def main() -> int:
-    print(f"== kernel {os.uname().release}; importing rdma_netlink (pyroute2) took "
-          f"{IMPORT_SECONDS:.1f}s", flush=True)
+    print(f"== kernel {os.uname().release}; importing the NETLINK_RDMA client (standard library) took "
+          f"{IMPORT_SECONDS:.2f}s", flush=True)
     sh("ip", "link", "add", "v0", "type", "veth", "peer", "name", "v1")
     sh("ip", "link", "set", "v0", "up")
     sh("ip", "link", "set", "v1", "up")

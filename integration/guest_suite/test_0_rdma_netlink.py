@@ -1,6 +1,7 @@
-"""The NETLINK_RDMA clients against the real kernel: integration/guest/check_rdma_netlink.py
+"""The NETLINK_RDMA client against the real kernel: integration/guest/check_rdma_netlink.py
 (devices, ports and char devices against `rdma` and sysfs, the mode switch and its EBUSY, moves
-into a pod and back, the errno of every refusal, for both the pyroute2 and the stdlib client)."""
+into a pod and back, the errno of every refusal, through RdmaNetlink and the CNI hot path's
+device_index/move_device, all in kernel/rdma_nldev.py)."""
 
 from __future__ import annotations
 

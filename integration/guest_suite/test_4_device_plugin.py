@@ -176,7 +176,7 @@ def uverbs_of(device: str) -> tuple[str, str]:
 
 def netlink_chardev(device: str) -> tuple[str, int, int]:
     """The kernel's own answer over NETLINK_RDMA (RDMA_NLDEV_CMD_GET_CHARDEV), independent of sysfs."""
-    from rdma_netns.kernel.rdma_netlink import RdmaNetlink
+    from rdma_netns.kernel.rdma_nldev import RdmaNetlink
 
     with RdmaNetlink() as rdma:
         found = rdma.chardev(rdma.device(device).index, "uverbs")

@@ -1,10 +1,14 @@
-"""The NETLINK_RDMA (nldev) clients against the kernel ABI, byte for byte.
+"""The NETLINK_RDMA (nldev) client (kernel/rdma_nldev.py) against the kernel ABI, byte for byte.
 
 Each request is captured on one end of a socketpair (this host's kernel has no NETLINK_RDMA) and
 compared with bytes written out by hand from include/uapi/rdma/rdma_netlink.h: nlmsghdr with
 type (RDMA_NL_NLDEV=5 << 10) + command, no family header, attributes padded to 4 bytes. The
 "kernel" end answers with canned replies shaped like drivers/infiniband/core/nldev.c's. The
-guest check (integration/guest/check-rdma-netlink.sh) proves the same against a real kernel.
+guest check (integration/guest/check_rdma_netlink.py) proves the same against a real kernel.
+
+pyroute2 serves here, and only here, as an independent codec: its generic netlink message class,
+given the nldev attribute map, must encode the same requests and decode the same replies as the
+hand-written standard-library codec (the project's client no longer uses pyroute2 at all).
 """
 
 from __future__ import annotations
@@ -18,16 +22,15 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from rdma_netns.kernel import rdma_netlink, rdma_nldev
+from rdma_netns.kernel import rdma_nldev
 from rdma_netns.kernel.netlink import NetlinkSocket
-from rdma_netns.kernel.rdma_netlink import (
+from rdma_netns.kernel.rdma_nldev import (
     Chardev,
+    NldevDevice,
+    NldevPort,
     RdmaBusy,
-    RdmaDevice,
     RdmaError,
     RdmaNetlink,
-    RdmaPort,
-    RdmaSocket,
 )
 
 pytestmark = pytest.mark.skipif(sys.byteorder != "little", reason="expected bytes are little-endian")
@@ -119,11 +122,7 @@ def huge_encode_dev(major: int, minor: int) -> int:
 
 
 class FakeKernel:
-    """The far ends of socketpairs: records each request and answers it with the next canned reply.
-
-    One socketpair per client: pyroute2 makes its socket non-blocking, the stdlib transport
-    needs a blocking one.
-    """
+    """The far ends of socketpairs: records each request and answers it with the next canned reply."""
 
     def __init__(self) -> None:
         self.requests: list[bytes] = []
@@ -170,7 +169,7 @@ def kernel() -> Iterator[FakeKernel]:
 
 @pytest.fixture
 def rdma(kernel: FakeKernel) -> Iterator[RdmaNetlink]:
-    with RdmaNetlink(RdmaSocket(use_socket=kernel.connect())) as client:
+    with RdmaNetlink(PairedSocket(kernel.connect())) as client:
         yield client
 
 
@@ -274,16 +273,98 @@ def test_dellink(rdma, kernel):
         08000100 03000000""")
 
 
-def test_both_clients_put_the_same_bytes_on_the_wire(rdma, stdlib, kernel):
+def test_the_hot_path_functions_and_the_client_send_the_same_bytes(rdma, stdlib, kernel):
     kernel.answers += [dump(0x1401, device_body(2, "rxe1", 2)), dump(0x1401, device_body(2, "rxe1", 2))]
     assert rdma_nldev.device_index(stdlib, "rxe1") == rdma.device("rxe1").index == 2
     rdma_nldev.move_device(stdlib, 2, 9)
     rdma.move_device(2, 9)
-    lookup_std, lookup_py, move_std, move_py = kernel.requests
-    assert lookup_std[8:16] == struct.pack("=II", 1, 0)  # the stdlib transport: seq 1, pid 0
-    assert strip_ids(lookup_std) == strip_ids(lookup_py) == wire("10000000 0114 0103" + "00" * 8)
-    assert strip_ids(move_std) == strip_ids(move_py)
-    assert move_py.endswith(wire("08000100 02000000 08004400 09000000"))
+    lookup_fn, lookup_client, move_fn, move_client = kernel.requests
+    assert lookup_fn[8:16] == struct.pack("=II", 1, 0)  # the stdlib transport: seq 1, pid 0
+    assert strip_ids(lookup_fn) == strip_ids(lookup_client) == wire("10000000 0114 0103" + "00" * 8)
+    assert strip_ids(move_fn) == strip_ids(move_client)
+    assert move_client.endswith(wire("08000100 02000000 08004400 09000000"))
+
+
+# ------------------------------------------- pyroute2 as an independent codec of the same ABI
+
+@pytest.fixture(scope="module")
+def pyroute2_nldev() -> type:
+    """pyroute2's generic netlink message with the nldev attribute map (it has no RDMA module)."""
+    netlink = pytest.importorskip("pyroute2.netlink")
+    n = rdma_nldev
+    names = {n.RDMA_NLDEV_ATTR_PAD: ("PAD", "none"), n.RDMA_NLDEV_ATTR_DEV_INDEX: ("DEV_INDEX", "uint32"),
+             n.RDMA_NLDEV_ATTR_DEV_NAME: ("DEV_NAME", "asciiz"), n.RDMA_NLDEV_ATTR_PORT_INDEX: ("PORT_INDEX", "uint32"),
+             n.RDMA_NLDEV_ATTR_NODE_GUID: ("NODE_GUID", "uint64"), n.RDMA_NLDEV_ATTR_PORT_STATE: ("PORT_STATE", "uint8"),
+             n.RDMA_NLDEV_ATTR_PORT_PHYS_STATE: ("PORT_PHYS_STATE", "uint8"),
+             n.RDMA_NLDEV_ATTR_NDEV_INDEX: ("NDEV_INDEX", "uint32"), n.RDMA_NLDEV_ATTR_NDEV_NAME: ("NDEV_NAME", "asciiz"),
+             n.RDMA_NLDEV_ATTR_LINK_TYPE: ("LINK_TYPE", "asciiz"), n.RDMA_NLDEV_SYS_ATTR_NETNS_MODE: ("NETNS_MODE", "uint8"),
+             n.RDMA_NLDEV_ATTR_DEV_PROTOCOL: ("DEV_PROTOCOL", "asciiz"), n.RDMA_NLDEV_NET_NS_FD: ("NET_NS_FD", "uint32"),
+             n.RDMA_NLDEV_ATTR_CHARDEV_TYPE: ("CHARDEV_TYPE", "asciiz"),
+             n.RDMA_NLDEV_ATTR_CHARDEV_NAME: ("CHARDEV_NAME", "asciiz"),
+             n.RDMA_NLDEV_ATTR_CHARDEV_ABI: ("CHARDEV_ABI", "uint64"), n.RDMA_NLDEV_ATTR_CHARDEV: ("CHARDEV", "uint64")}
+
+    class nldevmsg(netlink.nlmsg):  # noqa: N801 - pyroute2's naming
+        nla_map = tuple((kind, name, fmt) for kind, (name, fmt) in sorted(names.items()))
+
+    return nldevmsg
+
+
+def pyroute2_encode(msgclass: type, cmd: int, flags: int, attrs: list[tuple[str, object]]) -> bytes:
+    msg = msgclass()
+    msg["header"]["type"] = rdma_nldev.nldev_type(cmd)
+    msg["header"]["flags"] = flags
+    msg["attrs"] = attrs
+    msg.encode()
+    return bytes(msg.data)
+
+
+def pyroute2_decode(msgclass: type, body: bytes) -> dict[str, object]:
+    msg = msgclass(message(0x1401, 0, 1, body))
+    msg.decode()
+    return {name: value for name, value in msg["attrs"] if name != "PAD"}
+
+
+def test_requests_encode_as_pyroute2_encodes_them(rdma, kernel, pyroute2_nldev):
+    n = rdma_nldev
+    calls = [
+        (lambda: rdma.devices(), n.RDMA_NLDEV_CMD_GET, 0x301, [], dump(0x1401)),
+        (lambda: rdma.device(3), n.RDMA_NLDEV_CMD_GET, 0x1, [("DEV_INDEX", 3)], reply(0x1401, device_body(3, "x", 1))),
+        (lambda: rdma.ports(3), n.RDMA_NLDEV_CMD_PORT_GET, 0x301, [("DEV_INDEX", 3)], dump(0x1405)),
+        (lambda: rdma.netns_mode(), n.RDMA_NLDEV_CMD_SYS_GET, 0x1, [], reply(0x1406, nla(66, b"\x00"))),
+        (lambda: rdma.set_netns_mode("shared"), n.RDMA_NLDEV_CMD_SYS_SET, 0x5, [("NETNS_MODE", 1)], ack),
+        (lambda: rdma.move_device(3, 7), n.RDMA_NLDEV_CMD_SET, 0x5, [("DEV_INDEX", 3), ("NET_NS_FD", 7)], ack),
+        (lambda: rdma.chardev(3), n.RDMA_NLDEV_CMD_GET_CHARDEV, 0x1,
+         [("DEV_INDEX", 3), ("CHARDEV_TYPE", "uverbs")], reply(0x140F, nla(70, cstr("uverbs0")))),
+        (lambda: rdma.link_add("rxe0", "rxe", "v0"), n.RDMA_NLDEV_CMD_NEWLINK, 0x5,
+         [("DEV_NAME", "rxe0"), ("LINK_TYPE", "rxe"), ("NDEV_NAME", "v0")], ack),
+        (lambda: rdma.link_delete(3), n.RDMA_NLDEV_CMD_DELLINK, 0x5, [("DEV_INDEX", 3)], ack),
+    ]
+    for call, cmd, flags, attrs, answer in calls:
+        kernel.answers.append(answer)
+        call()
+        assert strip_ids(kernel.requests[-1]) == pyroute2_encode(pyroute2_nldev, cmd, flags, attrs), cmd
+
+
+def test_replies_decode_as_pyroute2_decodes_them(pyroute2_nldev):
+    body = device_body(7, "mlx5_0", 0x0C42A1030065F2B8, "ib")
+    theirs = pyroute2_decode(pyroute2_nldev, body)
+    ours = rdma_nldev.parse_device(body)
+    assert (ours.index, ours.name, ours.ports, ours.protocol) == \
+        (theirs["DEV_INDEX"], theirs["DEV_NAME"], theirs["PORT_INDEX"], theirs["DEV_PROTOCOL"])
+    assert ours.node_guid.replace(":", "") == f"{theirs['NODE_GUID']:016x}"
+
+    body = port_body(7, "mlx5_0", 2, 4, 5, "ens1f1")
+    theirs = pyroute2_decode(pyroute2_nldev, body)
+    port = rdma_nldev.parse_port(body)
+    assert (port.device_index, port.device_name, port.port_index, port.state, port.phys_state,
+            port.netdev_index, port.netdev_name) == tuple(theirs[k] for k in (
+                "DEV_INDEX", "DEV_NAME", "PORT_INDEX", "PORT_STATE", "PORT_PHYS_STATE", "NDEV_INDEX", "NDEV_NAME"))
+
+    encoded = huge_encode_dev(231, 300)
+    body = nla(0, b"") + nla(72, struct.pack("=Q", encoded)) + nla(71, struct.pack("=Q", 6)) + nla(70, cstr("uverbs3"))
+    theirs = pyroute2_decode(pyroute2_nldev, body)
+    assert theirs["CHARDEV"] == encoded
+    assert rdma_nldev.parse_chardev(body) == Chardev(theirs["CHARDEV_NAME"], 231, 300, theirs["CHARDEV_ABI"])
 
 
 # ------------------------------------------------------------------------ parsing replies
@@ -292,8 +373,8 @@ def test_dump_of_two_devices(rdma, kernel):
     kernel.answers.append(dump(0x1401, device_body(1, "rxe0", 0x505400FFFE123456),
                                device_body(2, "mlx5_0", 0x0C42A1030065F2B8, "ib")))
     assert rdma.devices() == [
-        RdmaDevice(1, "rxe0", "5054:00ff:fe12:3456", 1, "roce"),
-        RdmaDevice(2, "mlx5_0", "0c42:a103:0065:f2b8", 1, "ib"),
+        NldevDevice(1, "rxe0", "5054:00ff:fe12:3456", 1, "roce"),
+        NldevDevice(2, "mlx5_0", "0c42:a103:0065:f2b8", 1, "ib"),
     ]
 
 
@@ -304,8 +385,8 @@ def test_ports_of_every_device(rdma, kernel):
         dump(0x1405, port_body(2, "rxe1", 1, 1, 3, None)),
     ]
     assert rdma.ports() == [
-        RdmaPort(1, "rxe0", 1, 4, "ACTIVE", 5, "LINK_UP", 7, "v0"),
-        RdmaPort(2, "rxe1", 1, 1, "DOWN", 3, "DISABLED", None, None),  # netdev in another netns
+        NldevPort(1, "rxe0", 1, 4, "ACTIVE", 5, "LINK_UP", 7, "v0"),
+        NldevPort(2, "rxe1", 1, 1, "DOWN", 3, "DISABLED", None, None),  # netdev in another netns
     ]
     assert [strip_ids(r)[16:] for r in kernel.requests[1:]] == [wire("08000100 01000000"),
                                                                 wire("08000100 02000000")]
@@ -318,13 +399,13 @@ def test_ports_skip_a_device_that_went_away(rdma, kernel):
 
 
 def test_failed_dump_raises(rdma, kernel):
-    """pyroute2 alone would return [] here: the errno rides in NLMSG_DONE."""
+    """The errno rides in NLMSG_DONE (a generic client that ignores it would return [])."""
     kernel.answers.append(failed_dump(errno.EINVAL, "dump refused"))
     with pytest.raises(RdmaError) as caught:
         rdma.ports(5)
     assert caught.value.errno == errno.EINVAL
     assert str(caught.value) == (
-        "[Errno 22] list ports of RDMA device 5: Invalid argument (dump refused): no RDMA device "
+        "[Errno 22] list ports of RDMA device 5: Invalid argument: no RDMA device "
         "with that index in this network namespace (in exclusive mode devices of other namespaces "
         "are invisible)")
 
@@ -368,7 +449,7 @@ def test_set_mode_without_cap_net_admin(rdma, kernel):
 
 
 def test_set_mode_busy_names_the_namespaces(rdma, kernel, monkeypatch):
-    monkeypatch.setattr(rdma_netlink, "blocking_netns",
+    monkeypatch.setattr(rdma_nldev, "blocking_netns",
                         lambda: ["pod1 (/var/run/netns/pod1)", "net:[4026532300] (pid 77 sleep)"])
     kernel.answers.append(refuse(errno.EBUSY))
     with pytest.raises(RdmaBusy) as caught:
@@ -392,9 +473,9 @@ def test_device_by_name_absent(rdma, kernel):
 
 
 def test_no_rdma_core(monkeypatch):
-    def unsupported() -> None:
+    def unsupported(_protocol: int) -> None:
         raise OSError(errno.EPROTONOSUPPORT, "Protocol not supported")
-    monkeypatch.setattr(rdma_netlink, "RdmaSocket", unsupported)
+    monkeypatch.setattr(rdma_nldev, "NetlinkSocket", unsupported)
     with pytest.raises(RdmaError, match="no RDMA core"):
         RdmaNetlink()
 
@@ -405,7 +486,7 @@ def test_stdlib_device_index(stdlib, kernel):
     assert rdma_nldev.device_index(stdlib, "rxe9") is None
 
 
-def test_both_clients_word_a_refusal_alike(rdma, stdlib, kernel):
+def test_the_hot_path_and_the_client_word_a_refusal_alike(rdma, stdlib, kernel):
     kernel.answers += [refuse(errno.EINVAL, "bad fd")] * 2
     errors = []
     for move in (lambda: rdma_nldev.move_device(stdlib, 3, 7), lambda: rdma.move_device(3, 7)):
@@ -415,6 +496,13 @@ def test_both_clients_word_a_refusal_alike(rdma, stdlib, kernel):
     assert errors[0].errno == errors[1].errno == errno.EINVAL
     assert str(errors[0]) == str(errors[1])
     assert "Invalid argument (bad fd): device not visible" in str(errors[0])
+
+
+def test_records_compare_and_print_by_value():
+    port = NldevPort(1, "rxe0", 1, 4, "ACTIVE", 5, "LINK_UP", None, None)
+    assert port == NldevPort(1, "rxe0", 1, 4, "ACTIVE", 5, "LINK_UP", None, None) != Chardev("x", 1, 2, 3)
+    assert len({port, NldevPort(1, "rxe0", 1, 4, "ACTIVE", 5, "LINK_UP", None, None)}) == 1
+    assert repr(Chardev("uverbs0", 231, 192, 1)) == "Chardev(name='uverbs0', major=231, minor=192, abi=1)"
 
 
 def test_blocking_netns_ignores_stale_names(tmp_path):

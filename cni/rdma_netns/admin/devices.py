@@ -19,7 +19,7 @@ def _gid_rows(ports: list[tuple[str, int]]) -> list[list[dict]]:
 
 def _rows_here(namespace: str, view_fd: int | None) -> list[dict]:
     """Devices and ports visible in the current namespace; GIDs through that namespace's sysfs."""
-    from rdma_netns.kernel.rdma_netlink import RdmaNetlink
+    from rdma_netns.kernel.rdma_nldev import RdmaNetlink
 
     with RdmaNetlink() as rdma:
         ports = rdma.ports()
