@@ -445,7 +445,7 @@ def _state_from_config(env: CniEnv, cfg: loader.Config) -> AttachmentState:
     mode = modes.for_config(net)
     return AttachmentState(mode=mode.name, link=mode.link_kind, container_id=env.container_id, ifname=env.ifname,
                            netns=env.netns, network=net.name, phase="",
-                           rails=[{"ifname": name, "ipam": e.get("ipam") or net.ipam}
+                           rails=[{"ifname": name, "ipam": e.ipam or net.ipam}
                                   for name, e in zip(names, entries)])
 
 
@@ -609,7 +609,7 @@ def _gc_ipam(env: CniEnv, cfg: loader.Config, store: StateStore) -> None:
         for rail in state.rails if state is not None else []:
             valid.append({"containerID": container_id, "ifname": rail.get("ifname")})
             ipams.append(rail.get("ipam"))
-    ipams.extend(e.get("ipam") or net.ipam for e in (net.rails or []))
+    ipams.extend(e.ipam or net.ipam for e in (net.rails or []))
     if net.ipam:
         ipams.append(net.ipam)
     for conf in _distinct_ipams([c for c in ipams if c]):

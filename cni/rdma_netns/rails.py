@@ -8,7 +8,7 @@ so do kubelet's grants in exclusive mode with pairing (pairing.py).
 
 from __future__ import annotations
 
-from rdma_netns.config.netconf import NetConfig
+from rdma_netns.config.netconf import NetConfig, RailConf
 from rdma_netns.kernel import rdma_sysfs
 from rdma_netns.spec.errors import INVALID_CONFIG, NO_RDMA, NOT_GRANTED, RAIL_UNAVAILABLE, CniError
 
@@ -27,53 +27,54 @@ class Rail:
                 "rdmaDevice": self.rdma.device if self.rdma else None, "port": self.rdma.port if self.rdma else None}
 
 
-def configured_rails(net: NetConfig) -> list[dict]:
+def configured_rails(net: NetConfig) -> list[RailConf]:
     """The rail entries of the config, or one per RDMA netdev of the node when none are listed."""
     if net.rails:
         return net.rails
-    found = [{"netdev": nd} for dev in rdma_sysfs.devices() for nd in rdma_sysfs.netdevs_of_device(dev)]
+    found = [RailConf(netdev=nd) for dev in rdma_sysfs.devices() for nd in rdma_sysfs.netdevs_of_device(dev)]
     if not found:
         raise CniError(NO_RDMA, "no rails configured and no RDMA-capable netdev found on this node",
                        "list the NICs under \"rails\" (netdev, rdmaDevice or pciAddress)")
-    return [dict(r, ifname=None, ipam=None, mtu=None, rdmaDevice=None, pciAddress=None) for r in found]
+    return found
 
 
-def pod_ifnames(entries: list[dict], cni_ifname: str, chained: bool) -> list[str]:
+def pod_ifnames(entries: list[RailConf], cni_ifname: str, chained: bool) -> list[str]:
     """The rails' pod-side names: a rail's own ifname, else rdma<N>.
 
     As the pod's only network (not chained), rail 0 is named CNI_IFNAME unless a rail already is:
     a CRI runtime (containerd, CRI-O) takes the pod IP only from the interface of that name and
     fails the sandbox without one.
     """
-    names = [e.get("ifname") or f"rdma{i}" for i, e in enumerate(entries)]
+    names = [e.ifname or f"rdma{i}" for i, e in enumerate(entries)]
     if names and not chained and cni_ifname not in names:
         names[0] = cni_ifname
     return names
 
 
-def netdev_of(entry: dict) -> str:
+def netdev_of(entry: RailConf) -> str:
     """The host netdev a rail entry names (rdmaDevice and pciAddress resolved through sysfs)."""
-    if entry.get("netdev"):
-        return entry["netdev"]
-    if entry.get("rdmaDevice"):
-        found = rdma_sysfs.netdevs_of_device(entry["rdmaDevice"])
-        what = f"RDMA device {entry['rdmaDevice']}"
+    if entry.netdev:
+        return entry.netdev
+    if entry.rdma_device:
+        found = rdma_sysfs.netdevs_of_device(entry.rdma_device)
+        what = f"RDMA device {entry.rdma_device}"
     else:
-        found = rdma_sysfs.netdevs_of_pci(entry["pciAddress"])
-        what = f"PCI device {entry['pciAddress']}"
+        found = rdma_sysfs.netdevs_of_pci(entry.pci_address or "")
+        what = f"PCI device {entry.pci_address}"
     if not found:
         raise CniError(RAIL_UNAVAILABLE, f"{what} has no netdev in this namespace (missing, or moved elsewhere)")
     return found[0]
 
 
-def _resolved_netdev(entry: dict) -> str | None:
+def _resolved_netdev(entry: RailConf) -> str | None:
     try:
         return netdev_of(entry)
     except CniError:
         return None
 
 
-def narrow(entries: list[dict], device_ids: list[str], what: str, absent_code: int, foreign_code: int) -> list[dict]:
+def narrow(entries: list[RailConf], device_ids: list[str], what: str, absent_code: int,
+           foreign_code: int) -> list[RailConf]:
     """The rails whose NIC one of `device_ids` names (PCI address, auxiliary or RDMA device name),
     in config order. Never a NIC outside the configured rails: device IDs come from the pod's side
     (Multus, the runtime) or kubelet's grants and must not be able to take any interface of the node."""
@@ -81,7 +82,7 @@ def narrow(entries: list[dict], device_ids: list[str], what: str, absent_code: i
     for device_id in device_ids:
         netdevs = rdma_sysfs.netdevs_of_pci(device_id) or rdma_sysfs.netdevs_of_device(device_id)
         hits = [i for i, e in enumerate(entries)
-                if device_id in (e.get("pciAddress"), e.get("rdmaDevice"))
+                if device_id in (e.pci_address, e.rdma_device)
                 or (netdevs and _resolved_netdev(e) in netdevs)]
         if not hits:
             if not netdevs:
@@ -110,7 +111,7 @@ def plan(net: NetConfig, cni_ifname: str, device_id: str | None, chained: bool,
     rails: list[Rail] = []
     names = pod_ifnames(entries, cni_ifname, chained)
     for index, entry in enumerate(entries):
-        if not (entry.get("ipam") or net.ipam):
+        if not (entry.ipam or net.ipam):
             raise CniError(INVALID_CONFIG, f"rail {index} has no ipam (its own, or the top-level default); only "
                            "exclusive mode chained after a netdev plugin runs without IPAM")
         netdev = netdev_of(entry)
@@ -118,7 +119,7 @@ def plan(net: NetConfig, cni_ifname: str, device_id: str | None, chained: bool,
         if net.require_rdma and port is None:
             raise CniError(NO_RDMA, f"rail netdev {netdev} belongs to no RDMA device")
         rails.append(Rail(index=index, ifname=names[index],
-                          netdev=netdev, ipam=entry.get("ipam") or net.ipam, mtu=entry.get("mtu") or net.mtu,
+                          netdev=netdev, ipam=entry.ipam or net.ipam, mtu=entry.mtu or net.mtu,
                           rdma=port))
     for attr, what in (("ifname", "interface name"), ("netdev", "netdev")):
         values = [getattr(r, attr) for r in rails]

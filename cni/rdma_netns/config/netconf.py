@@ -14,6 +14,22 @@ TEARDOWN_DEFAULTS = {"routeTableBase": 100, "rulePriorityBase": 1000, "ipamTimeo
                      "lockTimeoutSeconds": 10.0, "link": "macvlan", "linkMode": None}
 
 
+class RailConf:
+    """One configured rail: a NIC named by exactly one of netdev, rdma_device, pci_address."""
+
+    __slots__ = ("netdev", "rdma_device", "pci_address", "ifname", "ipam", "mtu")
+
+    def __init__(self, netdev: str | None = None, rdma_device: str | None = None, pci_address: str | None = None,
+                 ifname: str | None = None, ipam: dict | None = None, mtu: int | None = None) -> None:
+        self.netdev, self.rdma_device, self.pci_address = netdev, rdma_device, pci_address
+        self.ifname, self.ipam, self.mtu = ifname, ipam, mtu
+
+    @classmethod
+    def from_dict(cls, d: dict) -> RailConf:
+        return cls(d.get("netdev"), d.get("rdmaDevice"), d.get("pciAddress"), d.get("ifname"), d.get("ipam"),
+                   d.get("mtu"))
+
+
 class NetConfig:
     """One network's settings (names as in the JSON config, in snake case)."""
 
@@ -30,7 +46,8 @@ class NetConfig:
         self.mode: str = d.get("mode", "auto")
         self.link: str = d.get("link") or TEARDOWN_DEFAULTS["link"]
         self.link_mode: str | None = d.get("linkMode")
-        self.rails: list[dict] | None = d.get("rails")
+        rails = d.get("rails")
+        self.rails: list[RailConf] | None = [RailConf.from_dict(r) for r in rails] if rails else None
         self.ipam: dict | None = d.get("ipam")
         self.require_rdma: bool = d.get("requireRdma", True)
         self.gid_wait_ms: int = d.get("gidWaitMs", 500)

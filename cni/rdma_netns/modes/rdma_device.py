@@ -19,7 +19,7 @@ LINK_KIND = "rdma-device"
 def applies(net: NetConfig, mode_name: str, chained: bool) -> bool:
     """Does an attachment of `net` (a NetConfig) in `mode_name` move only the RDMA device?"""
     return (mode_name == "exclusive" and chained and not net.ipam
-            and not any(e.get("ipam") for e in net.rails or []))
+            and not any(e.ipam for e in net.rails or []))
 
 
 class RdmaDeviceMode(Mode):
@@ -80,7 +80,7 @@ def _device_for_chained(net: NetConfig, device_id: str | None, granted_ids: list
                            "a chained RDMA-device-only attachment moves one: pass runtimeConfig.deviceID")
         device_id = device_id or granted_ids[0]
     candidates = [device_id] if device_id else \
-        [e.get("rdmaDevice") or e.get("pciAddress") for e in entries[:1]]
+        [e.rdma_device or e.pci_address for e in entries[:1]]
     for candidate in filter(None, candidates):
         device = rdma_sysfs.device_by_id(candidate)
         if device:
