@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import os
 
-from rdma_netns_dp.allocation import RDMA_CM, cdi_kind
+from rdma_netns import fsutil
 from rdma_netns.kernel.rdma_devices import RdmaDevice
+from rdma_netns_dp.allocation import RDMA_CM, cdi_kind
 
 CDI_VERSION = "0.6.0"
 
@@ -51,12 +52,7 @@ def write_spec(spec_dir: str, slug: str, spec: dict) -> bool:
     except OSError:
         pass
     os.makedirs(spec_dir, mode=0o755, exist_ok=True)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.chmod(tmp, 0o644)
-    os.rename(tmp, path)
+    # 0644: the runtime reads it. No fsync: the daemon rewrites every spec when it starts after a reboot.
+    fsutil.write_atomic(path, text.encode(), 0o644)
     return True
 

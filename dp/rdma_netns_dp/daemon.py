@@ -10,10 +10,11 @@ import threading
 import time
 from dataclasses import replace
 
+from rdma_netns import fsutil
+from rdma_netns.kernel.rdma_devices import DeviceSysfs, RdmaDevice
 from rdma_netns_dp import away, cdi, kernel_mode
 from rdma_netns_dp.cni_state import device_netns
 from rdma_netns_dp.config import DevicePluginConfig
-from rdma_netns.kernel.rdma_devices import DeviceSysfs, RdmaDevice
 from rdma_netns_dp.inventory import Pool
 from rdma_netns_dp.pod_grants import PodGrantsServer
 from rdma_netns_dp.resource_plugin import ResourcePlugin
@@ -105,10 +106,7 @@ class Daemon:
                                 for p in self.plugins}}
         folder = os.path.dirname(path) or "."
         os.makedirs(folder, exist_ok=True)
-        tmp = f"{path}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(status, f)
-        os.rename(tmp, path)
+        fsutil.write_atomic(path, json.dumps(status).encode(), 0o644)  # a probe may read it as any user
 
     def run(self) -> int:
         log.info("starting", extra={"mode": self.mode, "resources": [r.name for r in self.config.resources],
@@ -153,8 +151,4 @@ class Daemon:
         for plugin in self.plugins:
             plugin.stop()
         if self.config.healthFile:
-            for path in (self.config.healthFile, f"{self.config.healthFile}.tmp"):
-                try:
-                    os.unlink(path)
-                except FileNotFoundError:
-                    pass
+            fsutil.remove(self.config.healthFile)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from rdma_netns_dp.config import ResourceConfig
 from rdma_netns.kernel.rdma_devices import RdmaDevice
+from rdma_netns_dp.config import ResourceConfig
 from rdma_netns_dp.selection import matches
 
 HEALTHY = "Healthy"

@@ -1,6 +1,8 @@
 """The startup option "RDMA for non-hostNetwork pods": the kernel's RDMA netns mode must be the
 one the node's CNI mode needs (shared for macvlan/ipvlan rails, exclusive for moved devices).
 
+The rule itself (auto, what counts as a mismatch, how to fix one) is rdma_netns.mode_policy, the
+same the CNI plugin and the admin tool apply; this module adds what the daemon does about it.
 The kernel refuses a change (EBUSY) while any other network namespace exists, so the daemon
 can only set it on a fresh node, before pods run; otherwise it says which namespaces block it
 and how to make it stick at boot. While the modes differ, the resource's units are Unhealthy:
@@ -11,45 +13,42 @@ from __future__ import annotations
 
 import logging
 
-from rdma_netns.kernel.rdma_devices import DeviceSysfs
+from rdma_netns import mode_policy
+from rdma_netns.kernel.rdma_sysfs import RdmaSysfs
 
 log = logging.getLogger("rdma_netns_dp.kernel_mode")
 
 
-def resolve(configured: str, sysfs: DeviceSysfs) -> str:
+def resolve(configured: str, sysfs: RdmaSysfs) -> str:
     """The mode the resources run in: the configured one, or the kernel's when 'auto'."""
-    if configured != "auto":
-        return configured
-    return sysfs.netns_mode() or "shared"
+    return mode_policy.resolve(configured, sysfs.netns_mode())
 
 
-def mismatch(wanted: str, sysfs: DeviceSysfs) -> str | None:
+def mismatch(wanted: str, sysfs: RdmaSysfs) -> str | None:
     """Why devices cannot be offered in `wanted` mode now (None when the kernel agrees)."""
-    current = sysfs.netns_mode()
-    if current is None or current == wanted:
+    why = mode_policy.mismatch(wanted, sysfs.netns_mode())
+    if why is None:
         return None
-    return (f"the kernel's RDMA netns mode is {current} but this node's pods need {wanted}: "
-            f"run `rdma-netns mode set {wanted} --persist` and reboot, or start the daemon with "
-            "--ensure-kernel-mode before pods run")
+    return f"{why}: {mode_policy.fix_hint(wanted)} (--ensure-kernel-mode makes this daemon set it at start)"
 
 
-def ensure(wanted: str, sysfs: DeviceSysfs) -> bool:
+def ensure(wanted: str, sysfs: RdmaSysfs) -> bool:
     """Set the kernel's mode to `wanted` if it differs and nothing blocks it; log the outcome."""
     current = sysfs.netns_mode()
     if current is None:
         log.warning("no RDMA subsystem in this kernel (ib_core not loaded): RDMA netns mode not checked")
         return False
-    if current == wanted:
+    if mode_policy.mismatch(wanted, current) is None:
         log.info("kernel RDMA netns mode is as needed", extra={"mode": current})
         return True
     from rdma_netns.kernel.netns import other_namespaces
-    from rdma_netns.kernel.rdma_netlink import RdmaBusy, RdmaError, RdmaNetlink
+    from rdma_netns.kernel.rdma_nldev import RdmaBusy, RdmaError, RdmaNetlink
 
     blockers = other_namespaces()
     if blockers:
         log.error("cannot set the kernel RDMA netns mode: other network namespaces exist (the kernel "
-                  "would answer EBUSY); persist it with `rdma-netns mode set %s --persist` and reboot",
-                  wanted, extra={"mode": current, "wanted": wanted, "blocking": blockers[:10]})
+                  "would answer EBUSY); %s", mode_policy.fix_hint(wanted),
+                  extra={"mode": current, "wanted": wanted, "blocking": blockers[:10]})
         return False
     try:
         with RdmaNetlink() as rdma:

@@ -16,8 +16,8 @@ from concurrent import futures
 
 import grpc
 
-from rdma_netns_dp.api.deviceplugin.v1beta1 import api_pb2_grpc
 from rdma_netns.kernel.rdma_devices import DeviceSysfs
+from rdma_netns_dp.api.deviceplugin.v1beta1 import api_pb2_grpc
 from rdma_netns_dp.inventory import Pool
 from rdma_netns_dp.registration import RegistrationFailed, WatcherRegistration, register, serve_watcher
 from rdma_netns_dp.servicer import DevicePluginServicer

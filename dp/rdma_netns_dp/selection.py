@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fnmatch import fnmatchcase
 
-from rdma_netns_dp.config import Selectors
 from rdma_netns.kernel.rdma_devices import RdmaDevice
+from rdma_netns_dp.config import Selectors
 
 
 def _any_glob(values: tuple[str, ...] | list[str], patterns: list[str]) -> bool:

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 
 import grpc
 
+from rdma_netns.kernel.rdma_devices import DeviceSysfs
 from rdma_netns_dp.allocation import AllocationError, ContainerGrant, grant
 from rdma_netns_dp.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from rdma_netns.kernel.rdma_devices import DeviceSysfs
 from rdma_netns_dp.inventory import HEALTHY, UNHEALTHY, Pool, Unit, UnknownDevice
 from rdma_netns_dp.preferred import preferred
 

@@ -326,7 +326,7 @@ def test_cdi_entry_of_a_granted_device_stays_valid_while_it_is_in_a_pod(host: Ho
     mlx5_1, with the uverbs node the device has now (here the host's sysfs lists it re-created as
     another number, as kernel 7.3 does), and it must be Healthy while the kernel's mode is right,
     Unhealthy (with every other unit) when it is not. DEL brings it back: entry as before."""
-    from rdma_netns.state import StateStore
+    from rdma_netns.state import AttachmentState, StateStore
 
     host.fake.set_netns_mode("N")
     state_dir = host.base / "cni-state"
@@ -338,10 +338,10 @@ def test_cdi_entry_of_a_granted_device_stays_valid_while_it_is_in_a_pod(host: Ho
     old = host.fake.uverbs_number("mlx5_1")
     store = StateStore(str(state_dir), "rdma-exclusive")
     store.prepare()
-    store.save("c0ffee", "net1", {
+    store.save("c0ffee", "net1", AttachmentState.from_json({
         "format": 1, "phase": "ready", "mode": "exclusive", "link": "rdma-device", "containerID": "c0ffee",
         "ifname": "net1", "netns": str(host.base / "gone-netns"), "network": "rdma-exclusive",
-        "rails": [{"ifname": "net1", "rdmaDevice": "mlx5_1", "rdmaOnly": True, "ipam": None}]})
+        "rails": [{"ifname": "net1", "rdmaDevice": "mlx5_1", "rdmaOnly": True, "ipam": None}]}))
     host.fake.remove_device("mlx5_1")  # moved: gone from class/infiniband, its uverbs re-created
     time.sleep(3 * INTERVAL)
 

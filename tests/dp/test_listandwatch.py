@@ -181,7 +181,7 @@ def test_selectors_narrow_exclusive_list(host: Host):
 def test_exclusive_device_moved_into_pod_is_kept(host: Host):
     """A device the CNI state dir records as moved into a pod stays listed (Healthy) while it is
     gone from the host's sysfs; an unrecorded vanished device is dropped."""
-    from rdma_netns.state import StateStore  # the CNI plugin's own state writer
+    from rdma_netns.state import AttachmentState, StateStore  # the CNI plugin's own state writer
 
     host.fake.set_netns_mode("N")
     state_dir = host.base / "cni-state"
@@ -190,12 +190,12 @@ def test_exclusive_device_moved_into_pod_is_kept(host: Host):
     store = StateStore(str(state_dir), "rdma-exclusive")
     store.prepare()
     # What the CNI plugin saves (chained exclusive ADD) before it moves mlx5_1 into the pod.
-    store.save("c0ffee", "net1", {
+    store.save("c0ffee", "net1", AttachmentState.from_json({
         "format": 1, "phase": "ready", "mode": "exclusive", "link": "rdma-device", "containerID": "c0ffee",
         "ifname": "net1", "netns": "/var/run/netns/pod", "network": "rdma-exclusive",
         "rails": [{"ifname": "net1", "rdmaDevice": "mlx5_1", "rdmaOnly": True, "ipam": None}],
         "result": {"cniVersion": "1.0.0", "interfaces": [
-            {"name": "net1", "sandbox": "/var/run/netns/pod", "pciID": "0000:3b:00.0"}]}})
+            {"name": "net1", "sandbox": "/var/run/netns/pod", "pciID": "0000:3b:00.0"}]}}))
     host.fake.remove_device("mlx5_1")  # moved into the pod
     host.fake.remove_device("mlx5_2")  # unplugged
     update = plugin.wait_for(lambda u: "0000:5e:00.0" not in u.ids(), 5, "mlx5_2 dropped")

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
+from rdma_netns.kernel.rdma_devices import DeviceSysfs
 from rdma_netns_dp import registration, resource_plugin
 from rdma_netns_dp.config import ResourceConfig
-from rdma_netns.kernel.rdma_devices import DeviceSysfs
 from rdma_netns_dp.inventory import Pool
 from tests.dp.conftest import INTERVAL, RESOURCE, SOCKET, Host
 from tests.kubelet_standin import wait_for_path

@@ -174,6 +174,10 @@ def atomic_write(path: Path, data: bytes, like: os.stat_result | None, mode: int
 
     `like` gives the mode and owner to keep; `guard` runs just before the rename (it raises when
     the file changed under us, so a newer write of the primary CNI is never overwritten).
+    The one writer of this module (conf files, the backup of the primary's file, the record).
+    Not fsutil.write_atomic: these files are another program's or restore it, so they must
+    survive power loss (fsync before the rename and of the folder after), keep a foreign owner,
+    and lose to a concurrent writer; write_atomic does none of that on purpose.
     """
     try:
         json.loads(data)
@@ -259,26 +263,15 @@ class State:
     def save(self, conf_dir: Path, path: str, original_name: str, original: bytes | None, written: bytes) -> None:
         self.ensure_dir()
         if original is not None:
-            atomic_write_private(self.original, original)
+            atomic_write(self.original, original, None, 0o600)
         record = {"v": 1, "confDir": str(conf_dir), "file": path, "originalFile": original_name,
                   "hasOriginal": original is not None, "writtenSha256": sha256(written)}
-        atomic_write_private(self.file, json.dumps(record, indent=2).encode() + b"\n")
+        atomic_write(self.file, json.dumps(record, indent=2).encode() + b"\n", None, 0o600)
 
     def clear(self) -> None:
         for f in (self.file, self.original):
             with contextlib.suppress(FileNotFoundError):
                 f.unlink()
-
-
-def atomic_write_private(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.rename(tmp, path)
-    fsync_dir(path.parent)
 
 
 # --- the operations ---------------------------------------------------------------------------------

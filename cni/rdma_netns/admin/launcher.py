@@ -12,6 +12,7 @@ import os
 import sys
 
 import rdma_netns
+from rdma_netns import fsutil
 
 TEMPLATE = """#!{python} -IS
 # rdma-netns launcher, written by `rdma-netns install-launcher`; rewrite it after moving the install.
@@ -33,15 +34,4 @@ def render() -> str:
 
 def install(dest: str) -> None:
     """Write the launcher to `dest` atomically, mode 0755."""
-    text = render()
-    tmp = f"{dest}.tmp.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o755)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o755)
-        os.rename(tmp, dest)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    fsutil.write_atomic(dest, render().encode(), 0o755)

@@ -7,13 +7,12 @@ modprobe.d, which applies when ib_core loads.
 
 from __future__ import annotations
 
-import os
-
+from rdma_netns import fsutil
 from rdma_netns.kernel import rdma_sysfs
 from rdma_netns.kernel.netns import other_namespaces
+from rdma_netns.mode_policy import MODPROBE_VALUE, fix_hint, mismatch
 
 MODPROBE_FILE = "/etc/modprobe.d/rdma-netns.conf"
-VALUE = {"shared": 1, "exclusive": 0}
 
 
 def show() -> tuple[int, str]:
@@ -50,12 +49,8 @@ def persisted_mode(path: str = MODPROBE_FILE) -> str | None:
 def persist(mode: str, path: str = MODPROBE_FILE) -> None:
     """Write the modprobe.d option atomically (our own file: no other option is touched)."""
     text = ("# Written by `rdma-netns mode set --persist`: the RDMA netns mode ib_core starts in.\n"
-            f"options ib_core netns_mode={VALUE[mode]}\n")
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    os.rename(tmp, path)
+            f"options ib_core netns_mode={MODPROBE_VALUE[mode]}\n")
+    fsutil.write_atomic(path, text.encode(), 0o644)  # modprobe reads it as any user
 
 
 def set_mode(mode: str, persist_it: bool, modprobe_file: str = MODPROBE_FILE,
@@ -73,19 +68,21 @@ def set_mode(mode: str, persist_it: bool, modprobe_file: str = MODPROBE_FILE,
         if status and rdma_sysfs.netns_mode() is not None:
             messages.append("reboot the node (or set the mode before the container runtime starts) to apply it")
         status = 0  # what was asked for persistently is done; the message says what is still pending
+    elif status and rdma_sysfs.netns_mode() is not None:
+        messages.append(f"to make it {mode}: {fix_hint(mode)}")
     return status, "\n".join(messages)
 
 
 def _set_live(mode: str, messages: list[str]) -> int:
     """Change the running kernel's mode now, if it lets us; 1 (and why, in messages) if not."""
-    from rdma_netns.kernel.rdma_netlink import RdmaBusy, RdmaError, RdmaNetlink
+    from rdma_netns.kernel.rdma_nldev import RdmaBusy, RdmaError, RdmaNetlink
 
     if rdma_sysfs.netns_mode() is None:
         messages.append("this kernel has no RDMA subsystem loaded: nothing to change now")
         return 1
     try:
         with RdmaNetlink() as rdma:
-            if rdma.netns_mode() == mode:
+            if mismatch(mode, rdma.netns_mode()) is None:
                 messages.append(f"RDMA netns mode is already {mode}")
             else:
                 rdma.set_netns_mode(mode)
