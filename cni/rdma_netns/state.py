@@ -276,7 +276,10 @@ class AttachmentLock:
     def __exit__(self, *exc: object) -> None:
         if self.fd >= 0:
             try:
-                os.unlink(self.path)  # under the lock, as the last step (see the class docstring)
+                # Under the lock, as the last step (see the class docstring); and only our own file:
+                # if something else removed it meanwhile, the path may be a newer caller's.
+                if _same_file(self.fd, self.path):
+                    os.unlink(self.path)
             except OSError:
                 pass
             os.close(self.fd)  # closing the last fd releases the flock
