@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from rdma_netns import fsutil
 from rdma_netns_dp import podresources
 
 log = logging.getLogger("rdma_netns_dp.pod_grants")
@@ -164,14 +165,14 @@ class PodGrantsServer:
         server.query = self.query
         tmp = f"{self.socket_path}.{os.getpid()}.tmp"
         try:
-            _unlink(tmp)
+            fsutil.remove(tmp)
             server.socket.bind(tmp)
             os.chmod(tmp, 0o600)
             os.rename(tmp, self.socket_path)
             server.server_activate()
         except BaseException:
             server.server_close()
-            _unlink(tmp)
+            fsutil.remove(tmp)
             raise
         st = os.stat(self.socket_path)
         self._identity = (st.st_dev, st.st_ino)
@@ -203,10 +204,3 @@ class PodGrantsServer:
                 os.unlink(self.socket_path)
         except FileNotFoundError:
             pass
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass

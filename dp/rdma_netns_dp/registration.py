@@ -9,6 +9,7 @@ from concurrent import futures
 
 import grpc
 
+from rdma_netns import fsutil
 from rdma_netns_dp.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from rdma_netns_dp.api.pluginregistration.v1 import api_pb2 as reg_pb2
 from rdma_netns_dp.api.pluginregistration.v1 import api_pb2_grpc as reg_pb2_grpc
@@ -73,14 +74,7 @@ class WatcherRegistration(reg_pb2_grpc.RegistrationServicer):
 def serve_watcher(servicer: WatcherRegistration, socket_path: str) -> grpc.Server:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     reg_pb2_grpc.add_RegistrationServicer_to_server(servicer, server)
-    _unlink(socket_path)
+    fsutil.remove(socket_path)
     server.add_insecure_port(f"unix://{socket_path}")
     server.start()
     return server
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass

@@ -6,7 +6,6 @@ rules (mlx5-style PCI netdevs, rxe-style parent files, GID matching by content a
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from rdma_netns import rails
 from rdma_netns.kernel import rdma_sysfs
 from rdma_netns.kernel.inet import Prefix
 from rdma_netns.spec.errors import CniError
+from tests.fake_rdma_sysfs import FakeRdmaSysfs
 
 
 def write(path: Path, text: str) -> None:
@@ -24,30 +24,23 @@ def write(path: Path, text: str) -> None:
 
 @pytest.fixture
 def sysfs(tmp_path, monkeypatch):
-    root = tmp_path / "sys"
-    # mlx5_0 on PCI 0000:3b:00.0 with netdev ens1f0; rxe0 (soft) on netdev veth0.
-    pci = root / "devices/pci0000:00/0000:3b:00.0"
-    (pci / "net/ens1f0").mkdir(parents=True)
-    ib = root / "class/infiniband"
-    (ib / "mlx5_0").mkdir(parents=True)
-    os.symlink(pci, ib / "mlx5_0/device")
-    (root / "bus/pci/devices").mkdir(parents=True)
-    os.symlink(pci, root / "bus/pci/devices/0000:3b:00.0")
-    write(ib / "rxe0/parent", "veth0")
+    """mlx5_0 on PCI 0000:3b:00.0 with netdev ens1f0; rxe0 (soft) on netdev veth0; each port with
+    an address GID twice (index 1 RoCE v1, index 2 RoCE v2 on ndev rdma0) among empty entries."""
+    fake = FakeRdmaSysfs(tmp_path, netns_mode="Y")
+    fake.add_pci_device("mlx5_0", "0000:3b:00.0", "ens1f0")
+    fake.add_soft_device("rxe0", "veth0")
     for dev, ndev in (("mlx5_0", "ens1f0"), ("rxe0", "veth0")):
-        port = ib / dev / "ports/1"
-        for i in range(4):
+        port = fake.sys / "class/infiniband" / dev / "ports/1"
+        for i in range(1, 4):
             write(port / f"gids/{i}", "0000:0000:0000:0000:0000:0000:0000:0000")
             write(port / f"gid_attrs/types/{i}", "RoCE v2")
             write(port / f"gid_attrs/ndevs/{i}", ndev)
-        write(port / "gids/0", "fe80:0000:0000:0000:0000:00ff:fe00:0001")
         write(port / "gids/2", "fd00:0001:0000:0000:0000:0000:0000:0005")
         write(port / "gid_attrs/types/1", "IB/RoCE v1")
         write(port / "gids/1", "fd00:0001:0000:0000:0000:0000:0000:0005")
         write(port / "gid_attrs/ndevs/2", "rdma0")
-    write(root / "module/ib_core/parameters/netns_mode", "Y")
-    monkeypatch.setattr(rdma_sysfs.default, "root", str(root))
-    return root
+    monkeypatch.setattr(rdma_sysfs.default, "root", str(fake.sys))
+    return fake.sys
 
 
 def test_devices_and_netdevs(sysfs):
