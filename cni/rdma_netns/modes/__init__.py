@@ -16,13 +16,14 @@ from __future__ import annotations
 from rdma_netns import mode_policy
 from rdma_netns.config.netconf import NetConfig
 from rdma_netns.kernel import rdma_sysfs
-from rdma_netns.modes import rdma_device
 from rdma_netns.modes.base import Mode
 from rdma_netns.modes.exclusive import ExclusiveMode
 from rdma_netns.modes.shared import SharedMode
 from rdma_netns.spec.errors import WRONG_RDMA_MODE, CniError
 
 __all__ = ["Mode", "effective_mode", "select", "for_state", "for_config"]
+
+RDMA_DEVICE_LINK = "rdma-device"  # the state's "link" of rdma_device.RdmaDeviceMode (imported lazily)
 
 
 def effective_mode(configured: str, kernel: str | None) -> str:
@@ -43,16 +44,21 @@ def _build(name: str, link: str, link_mode: str | None) -> Mode:
 def select(net: NetConfig, chained: bool = False) -> Mode:
     """The mode for a new attachment: the config's, checked against the kernel's."""
     name = effective_mode(net.mode, rdma_sysfs.netns_mode())
-    if rdma_device.applies(net, name, chained):
-        return rdma_device.RdmaDeviceMode()
+    if chained and name == "exclusive":
+        from rdma_netns.modes import rdma_device  # only chained exclusive attachments may be one
+
+        if rdma_device.applies(net):
+            return rdma_device.RdmaDeviceMode()
     return _build(name, net.link, net.link_mode)
 
 
 def for_state(mode: str, link: str, rails: list[dict], net: NetConfig) -> Mode:
     """The mode an existing attachment was made in (its state's mode, link and rails say), for
     teardown and CHECK."""
-    if link == rdma_device.LINK_KIND or any(r.get("rdmaOnly") for r in rails):
-        return rdma_device.RdmaDeviceMode()
+    if link == RDMA_DEVICE_LINK or any(r.get("rdmaOnly") for r in rails):
+        from rdma_netns.modes.rdma_device import RdmaDeviceMode
+
+        return RdmaDeviceMode()
     return _build("exclusive" if mode == "exclusive" else "shared", link or net.link, net.link_mode)
 
 

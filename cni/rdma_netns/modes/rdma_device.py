@@ -9,24 +9,21 @@ from __future__ import annotations
 from rdma_netns.config.netconf import NetConfig
 from rdma_netns.kernel import rdma_sysfs, rtnl
 from rdma_netns.kernel.netlink import NetlinkSocket
+from rdma_netns.modes import RDMA_DEVICE_LINK
 from rdma_netns.modes.base import Mode
 from rdma_netns.modes.exclusive import move_rdma_device, rdma_device_visible
 from rdma_netns.spec.errors import INVALID_CONFIG, NOT_GRANTED, RAIL_UNAVAILABLE, CniError
 
-LINK_KIND = "rdma-device"
-
-
-def applies(net: NetConfig, mode_name: str, chained: bool) -> bool:
-    """Does an attachment of `net` (a NetConfig) in `mode_name` move only the RDMA device?"""
-    return (mode_name == "exclusive" and chained and not net.ipam
-            and not any(e.ipam for e in net.rails or []))
+def applies(net: NetConfig) -> bool:
+    """Does a chained exclusive attachment of `net` move only the RDMA device (no IPAM anywhere)?"""
+    return not net.ipam and not any(e.ipam for e in net.rails or [])
 
 
 class RdmaDeviceMode(Mode):
     __slots__ = ()
 
     name = "exclusive"
-    link_kind = LINK_KIND
+    link_kind = RDMA_DEVICE_LINK
     gids_in_pod = True
     grant_names_devices = True
     configures_addresses = False
