@@ -41,21 +41,39 @@ def write_json_atomic(path: str, value: object) -> None:
     write_atomic(path, jsonio.dumps(value).encode())
 
 
-def write_atomic(path: str, data: bytes, mode: int = 0o600) -> None:
+def write_atomic(path: str, data: bytes, mode: int = 0o600, *, durable: bool = False,
+                 like: os.stat_result | None = None, tmp_path: str | None = None,
+                 before_rename: object = None) -> None:
     """Write via a temporary file in the same folder and rename, so a reader sees the old or the
     new file, whole; the file gets `mode` (0600 unless it is meant to be read by others).
 
-    No fsync: the state protects against a crash of the plugin process, and after a node reboot
-    every pod namespace is gone anyway; a file truncated by power loss reads as missing.
+    The plugin's own files skip fsync: its state protects against a crash of the plugin process,
+    and after a node reboot every pod namespace is gone anyway (a file truncated by power loss
+    reads as missing). Files that belong to another program or restore one (the primary CNI's
+    conflist and its backup, admin/cni_conf.py) ask for `durable`: fsync before the rename and of
+    the folder after. `like` keeps an existing file's mode and owner; `tmp_path` names the
+    temporary file (one the runtime never loads); `before_rename()` may raise to abandon the write
+    (a concurrent writer won).
     """
-    tmp = f"{path}.tmp.{os.getpid()}"
+    tmp = tmp_path or f"{path}.tmp.{os.getpid()}"
     remove(tmp)  # left by a killed process that had our pid
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         with os.fdopen(fd, "wb") as f:
-            if mode & ~0o600:
-                os.fchmod(f.fileno(), mode)  # the umask may have taken bits away
+            if like is not None:
+                try:
+                    os.fchown(f.fileno(), like.st_uid, like.st_gid)
+                except PermissionError:
+                    pass
+                os.fchmod(f.fileno(), like.st_mode & 0o7777)
+            elif mode != 0o600:
+                os.fchmod(f.fileno(), mode)  # O_CREAT's mode is filtered by the umask
             f.write(data)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        if before_rename is not None:
+            before_rename()  # type: ignore[operator]
         os.rename(tmp, path)
     except BaseException:
         try:
@@ -63,6 +81,17 @@ def write_atomic(path: str, data: bytes, mode: int = 0o600) -> None:
         except OSError:
             pass
         raise
+    if durable:
+        fsync_dir(os.path.dirname(path) or ".")
+
+
+def fsync_dir(folder: str) -> None:
+    """Make a rename in `folder` survive power loss."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def remove(path: str) -> None:

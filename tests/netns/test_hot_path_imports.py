@@ -27,7 +27,8 @@ FORBIDDEN = {
     "google": "protobuf comes with grpc",
     "logging": "stderr lines are written directly",
 }
-FORBIDDEN_OWN = ("rdma_netns.admin", "rdma_netns.config.model", "rdma_netns.kernel.rdma_netlink")
+# the admin tool, the pydantic model, and the device plugin's dataclass records of the kernel
+FORBIDDEN_OWN = ("rdma_netns.admin", "rdma_netns.config.model", "rdma_netns.kernel.rdma_devices")
 
 PROBE = (
     "import sys\n"

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from rdma_netns import fsutil
+
 PLUGIN_TYPE = "rdma-netns"
 CONF_EXTENSIONS = (".conf", ".conflist", ".json")
 DEFAULT_STATE_DIR = "/var/lib/rdma-netns/cni-conf"
@@ -161,49 +163,24 @@ def as_conflist(single: dict) -> dict:
 # --- files ------------------------------------------------------------------------------------------
 
 def fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsutil.fsync_dir(str(folder))
 
 
 def atomic_write(path: Path, data: bytes, like: os.stat_result | None, mode: int = 0o644,
                  guard: Callable[[], None] | None = None) -> None:
-    """Write through a temp file in the same folder (a name the runtime never loads), fsync, rename.
+    """The one writer of this module (conf files, the backup of the primary's file, the record):
+    fsutil.write_atomic, durable, through a temp name the runtime never loads.
 
-    `like` gives the mode and owner to keep; `guard` runs just before the rename (it raises when
-    the file changed under us, so a newer write of the primary CNI is never overwritten).
-    The one writer of this module (conf files, the backup of the primary's file, the record).
-    Not fsutil.write_atomic: these files are another program's or restore it, so they must
-    survive power loss (fsync before the rename and of the folder after), keep a foreign owner,
-    and lose to a concurrent writer; write_atomic does none of that on purpose.
+    These files are another program's or restore it, so they must survive power loss (fsync
+    before the rename and of the folder after), keep a foreign owner (`like`), and lose to a
+    concurrent writer (`guard` raises just before the rename when the file changed under us).
     """
     try:
         json.loads(data)
     except ValueError as exc:  # never happens with our own dumps; a last line of defence
         raise CniConfError(f"refusing to write {path.name}: not valid JSON ({exc})") from None
-    tmp = path.with_name(f".{path.name}{TEMP_SUFFIX}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            if like is not None:
-                with contextlib.suppress(PermissionError):
-                    os.fchown(f.fileno(), like.st_uid, like.st_gid)
-                os.fchmod(f.fileno(), like.st_mode & 0o7777)
-            else:
-                os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
-        if guard is not None:
-            guard()
-        os.rename(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    fsync_dir(path.parent)
+    fsutil.write_atomic(str(path), data, mode, durable=True, like=like,
+                        tmp_path=str(path.with_name(f".{path.name}{TEMP_SUFFIX}")), before_rename=guard)
 
 
 def unchanged_guard(path: Path, seen: os.stat_result | None) -> Callable[[], None]:

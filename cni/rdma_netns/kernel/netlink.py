@@ -2,8 +2,9 @@
 
 Why not pyroute2 here: `import pyroute2` costs about 0.3 s, and the CNI executable starts once
 per pod event. The plugin needs a dozen fixed rtnetlink messages; building them with `struct`
-keeps ADD in the tens of milliseconds. pyroute2 stays the tool for the RDMA netlink family
-(kernel/rdma_netlink.py) and for the tests, which inspect the kernel independently of this code.
+keeps ADD in the tens of milliseconds. The RDMA netlink family (kernel/rdma_nldev.py) runs on
+this transport too, for the CNI, the device plugin and the admin tool alike. pyroute2 stays in
+the tests only, as an independent codec and kernel inspector.
 """
 
 from __future__ import annotations
