@@ -79,3 +79,23 @@ def test_covering_prefix():
     assert str(cover([Prefix.parse("0.0.0.0"), Prefix.parse("128.0.0.0")])) == "0.0.0.0/0"
     assert cover([]) is None
     assert cover([Prefix.parse("10.0.0.1"), Prefix.parse("fd00::1")]) is None
+
+
+def test_config_keys_defaults_and_validation():
+    import pytest
+    from pydantic import ValidationError
+
+    from rdma_netns.config import model
+    from rdma_netns.config.netconf import NetConfig
+
+    base = {"cniVersion": "1.0.0", "name": "n", "type": "rdma-netns", "ipam": {"type": "host-local"}}
+    net = NetConfig(model.validate(base))
+    assert (net.pod_info_dir, net.cdi_spec_dir, net.cdi_kind) == \
+        ("/run/rdma-netns/pods", "/var/run/cdi", "rdma-netns.io/pod")
+    net = NetConfig(model.validate({**base, "podInfoDir": "", "cdiSpecDir": "/etc/cdi/", "cdiKind": "example.com/net"}))
+    assert (net.pod_info_dir, net.cdi_spec_dir, net.cdi_kind) == ("", "/etc/cdi", "example.com/net")
+    for key, value in (("podInfoDir", "run/pods"), ("podInfoDir", "/run/../etc"), ("podInfoDir", "/"),
+                       ("cdiSpecDir", ""), ("cdiSpecDir", "cdi"), ("cdiKind", "pod"), ("cdiKind", "a/b/c"),
+                       ("cdiKind", "rdma-netns.io/p.od"), ("cdiKind", "-x.io/pod")):
+        with pytest.raises(ValidationError):
+            model.validate({**base, key: value})
