@@ -12,7 +12,7 @@ import stat
 import sys
 from _socket import AF_INET, AF_INET6
 
-from rdma_netns import addressing, faults, ipam, modes, pod_cdi, pod_info, rails
+from rdma_netns import addressing, faults, gid_order, ipam, modes, pod_cdi, pod_info, rails
 from rdma_netns.config import loader
 from rdma_netns.config.netconf import NetConfig
 from rdma_netns.grants_client import Grant
@@ -276,23 +276,39 @@ def _add_rails(env: CniEnv, cfg: loader.Config, mode: modes.Mode, plan: list[rai
         mode.attach(host_sock, pod_fd, rail, parent, cfg.runtime.mac)
         faults.point(f"attached-{i}")
     links: list[rtnl.Link] = []
-    with netns.inside(pod_fd), NetlinkSocket() as pod_sock:
-        for i, (rail, plan_ip) in enumerate(zip(plan, addressings)):
-            link = rtnl.get_link(pod_sock, rail.ifname)
-            if link is None:
-                raise CniError(KERNEL_REJECTED, f"{rail.ifname} vanished from the pod right after it was created")
-            try:
-                addressing.configure(pod_sock, link, plan_ip, *_rail_routing(net, link))
-            except NetlinkError as exc:
-                raise CniError(KERNEL_REJECTED, f"configuring {rail.ifname}: {exc.strerror}") from None
-            links.append(link)
-            # Kept so that DEL can still find this rail's policy rules if its interface vanishes.
-            state.rails[i]["addresses"] = [address.address_text() for address, _gw in plan_ip.addresses]
-            faults.point(f"addressed-{i}")
-    gids = _wait_for_gids(plan, addressings, net.gid_wait_ms / 1000, pod_fd if mode.gids_in_pod else None)
+    # GID-producing changes (links up, link-local addresses, the pod's addresses) go to all rails in
+    # lockstep under the node-wide GID order lock, until their GIDs are there: pods then get the same
+    # GID index on every rail whose table has the same layout (gid_order.py). Routing comes after.
+    with gid_order.Lockstep(net.state_dir, net.lock_timeout, active=any(r.rdma is not None for r in plan)):
+        with netns.inside(pod_fd), NetlinkSocket() as pod_sock:
+            for rail in plan:
+                link = rtnl.get_link(pod_sock, rail.ifname)
+                if link is None:
+                    raise CniError(KERNEL_REJECTED, f"{rail.ifname} vanished from the pod right after it was created")
+                links.append(link)
+            for link, plan_ip in zip(links, addressings):
+                _kernel_step(link, addressing.bring_up, pod_sock, link, plan_ip)
+            gid_order.wait_for_link_local(pod_sock, links, net.gid_wait_ms / 1000)
+            for i, (link, plan_ip) in enumerate(zip(links, addressings)):
+                _kernel_step(link, addressing.add_addresses, pod_sock, link, plan_ip)
+                # Kept so that DEL can still find this rail's policy rules if its interface vanishes.
+                state.rails[i]["addresses"] = [address.address_text() for address, _gw in plan_ip.addresses]
+                faults.point(f"addressed-{i}")
+        gids = _wait_for_gids(plan, addressings, net.gid_wait_ms / 1000, pod_fd if mode.gids_in_pod else None)
     for rail_state, gid in zip(state.rails, gids):
         rail_state["gidIndexes"] = gid
+    with netns.inside(pod_fd), NetlinkSocket() as pod_sock:
+        for link, plan_ip in zip(links, addressings):
+            _kernel_step(link, addressing.add_routing, pod_sock, link, plan_ip, *_rail_routing(net, link))
     return _result(env, cfg, plan, links, addressings)
+
+
+def _kernel_step(link: rtnl.Link, step, *args) -> None:
+    """One configuration step of a rail in the pod; the kernel's refusal becomes KERNEL_REJECTED."""
+    try:
+        step(*args)
+    except NetlinkError as exc:
+        raise CniError(KERNEL_REJECTED, f"configuring {link.name}: {exc.strerror}") from None
 
 
 def _wait_for_gids(plan: list[rails.Rail], addressings: list[addressing.RailAddressing], timeout: float,
@@ -380,7 +396,9 @@ def _teardown(state: AttachmentState, env: CniEnv, cfg: loader.Config, rollback:
     host_fd = netns.current_netns_fd()
     try:
         if pod_fd is not None:
-            with netns.inside(pod_fd), NetlinkSocket() as pod_sock:
+            with gid_order.Lockstep(net.state_dir, net.lock_timeout,
+                                    active=any(r.get("rdmaDevice") for r in state.rails)), \
+                    netns.inside(pod_fd), NetlinkSocket() as pod_sock:
                 for rail in state.rails:
                     try:
                         _detach_rail(pod_sock, mode, rail, net, host_fd)
