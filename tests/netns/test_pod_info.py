@@ -55,8 +55,8 @@ class Rig:
             (port / "gid_attrs" / "ndevs" / str(i)).write_text((ndev if i == index else "") + "\n")
 
     def conf(self, addresses: list[str], **extra) -> dict:
-        conf = self.node.conf(rails=2, requireRdma=True, podInfoDir=str(self.pods_dir), cdiSpecDir=str(self.cdi_dir),
-                              **extra)
+        conf = self.node.conf(rails=2, requireRdma=True, **{"podInfoDir": str(self.pods_dir),
+                                                            "cdiSpecDir": str(self.cdi_dir), **extra})
         for rail, address in zip(conf["rails"], addresses):
             rail["ipam"] = {"type": "static", "addresses": [{"address": address}]}
         return conf
