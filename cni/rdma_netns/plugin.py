@@ -211,10 +211,10 @@ def _publish(env: CniEnv, net: NetConfig, mode: modes.Mode, state: AttachmentSta
     record = pod_info.record(net.name, env.container_id, env.ifname, mode.name, entries)
     devices = [e["rdmaDevice"] for e in entries if e["rdmaDevice"]]
     nodes: list[dict] = []
-    if published["cdiSpecs"] and devices:
-        nodes = pod_cdi.device_nodes(devices, _uverbs(pod_fd if mode.gids_in_pod else None))
     faults.point("publishing")
     try:
+        if published["cdiSpecs"] and devices:
+            nodes = pod_cdi.device_nodes(devices, _uverbs(pod_fd if mode.gids_in_pod else None))
         pod_cdi.publish(published, record, nodes)
     except OSError as exc:
         raise CniError(IO_FAILURE, f"cannot publish the pod's rail settings: {exc}") from None
