@@ -279,7 +279,8 @@ def _add_rails(env: CniEnv, cfg: loader.Config, mode: modes.Mode, plan: list[rai
     # GID-producing changes (links up, link-local addresses, the pod's addresses) go to all rails in
     # lockstep under the node-wide GID order lock, until their GIDs are there: pods then get the same
     # GID index on every rail whose table has the same layout (gid_order.py). Routing comes after.
-    with gid_order.Lockstep(net.state_dir, net.lock_timeout, active=any(r.rdma is not None for r in plan)):
+    has_gids = any(r.rdma is not None for r in plan)  # without an RDMA device no GID to order or wait for
+    with gid_order.Lockstep(net.state_dir, net.lock_timeout, active=has_gids):
         with netns.inside(pod_fd), NetlinkSocket() as pod_sock:
             for rail in plan:
                 link = rtnl.get_link(pod_sock, rail.ifname)
@@ -288,7 +289,8 @@ def _add_rails(env: CniEnv, cfg: loader.Config, mode: modes.Mode, plan: list[rai
                 links.append(link)
             for link, plan_ip in zip(links, addressings):
                 _kernel_step(link, addressing.bring_up, pod_sock, link, plan_ip)
-            gid_order.wait_for_link_local(pod_sock, links, net.gid_wait_ms / 1000)
+            if has_gids:
+                gid_order.wait_for_link_local(pod_sock, links, net.gid_wait_ms / 1000)
             for i, (link, plan_ip) in enumerate(zip(links, addressings)):
                 _kernel_step(link, addressing.add_addresses, pod_sock, link, plan_ip)
                 # Kept so that DEL can still find this rail's policy rules if its interface vanishes.
