@@ -44,6 +44,8 @@ EXPECTED = [
     "test_4_device_plugin::test_dp_shared_advertises_the_real_rxe_devices_and_allocates_their_uverbs",
     "test_4_device_plugin::test_dp_confined_container_opens_only_its_device_and_port_down_turns_units_unhealthy",
     "test_4_device_plugin::test_dp_exclusive_mode_follows_the_kernel_mode",
+    "test_6_pod_gids::test_two_pods_get_their_own_gid_index_on_both_rails",
+    "test_6_pod_gids::test_unequal_table_layouts_leave_the_index_unset",
     "test_add_del::test_ipvlan_link",
 ]
 EXPECTED_EXCLUSIVE_BOOT = [

@@ -61,15 +61,37 @@ def prepare_sysctls(ifname: str, needs_ipv6: bool) -> None:
 def configure(sock: NetlinkSocket, link: rtnl.Link, plan: RailAddressing, table: int, priority: int) -> None:
     """Bring the link up and give it its addresses, its routing table and its source rules.
 
+    The three steps are separate functions so that ADD can run the GID-producing ones (link up,
+    addresses) for all rails in lockstep under the node-wide GID order lock (gid_order.py) and
+    the routing outside it.
+    """
+    bring_up(sock, link, plan)
+    add_addresses(sock, link, plan)
+    add_routing(sock, link, plan, table, priority)
+
+
+def bring_up(sock: NetlinkSocket, link: rtnl.Link, plan: RailAddressing) -> None:
+    """Sysctls, then link up: with IPv6 on, the kernel adds the link-local address (a GID)."""
+    prepare_sysctls(link.name, any(a.version == 6 for a, _ in plan.addresses))
+    rtnl.set_link_up(sock, link.index)
+
+
+def add_addresses(sock: NetlinkSocket, link: rtnl.Link, plan: RailAddressing) -> None:
+    """The rail's addresses, in IPAM's order: each becomes a GID of the rail's RDMA port.
+
     IPv6 addresses are added with IFA_F_NODAD: IPAM hands out unique addresses, so DAD would
     only delay ADD by about 1.5 s (the Go plugins' cost). The RoCE GID appears at once either way.
+    """
+    for address, _gw in plan.addresses:
+        rtnl.add_address(sock, link.index, address, nodad=True)
+
+
+def add_routing(sock: NetlinkSocket, link: rtnl.Link, plan: RailAddressing, table: int, priority: int) -> None:
+    """The rail's routing table and source rules; no GID changes, so outside the GID order lock.
+
     With NODAD the kernel announces nothing, so the end sends one unsolicited NA (IPv6) or
     gratuitous ARP (IPv4) per address: peers holding a stale entry for a reused address update it.
     """
-    prepare_sysctls(link.name, any(a.version == 6 for a, _ in plan.addresses))
-    rtnl.set_link_up(sock, link.index)
-    for address, _gw in plan.addresses:
-        rtnl.add_address(sock, link.index, address, nodad=True)
     for network in _connected(plan):
         rtnl.add_route(sock, dst=network, index=link.index, table=table)
     for dst, gw in _gateway_routes(plan):

@@ -12,7 +12,7 @@ import stat
 import sys
 from _socket import AF_INET, AF_INET6
 
-from rdma_netns import addressing, faults, ipam, modes, rails
+from rdma_netns import addressing, faults, gid_order, ipam, modes, pod_cdi, pod_info, rails
 from rdma_netns.config import loader
 from rdma_netns.config.netconf import NetConfig
 from rdma_netns.grants_client import Grant
@@ -26,6 +26,7 @@ from rdma_netns.spec.errors import (
     INCOMPATIBLE_VERSION,
     INVALID_CONFIG,
     INVALID_ENV,
+    IO_FAILURE,
     IPAM_FAILED,
     KERNEL_REJECTED,
     NO_RDMA,
@@ -166,6 +167,8 @@ def cmd_add(env: CniEnv, cfg: loader.Config, grant: Grant | None = None) -> dict
                     else:
                         mode.attach_chained(pod_fd, state.rails, prev)
                         result = prev
+                    _publish(env, net, mode, state, result, grant.device_ids if grant is not None else [],
+                             store, pod_fd)
                     faults.point("before-ready")
                     _save_ready(store, env, state, result)
                 except BaseException:
@@ -192,6 +195,50 @@ def _save_ready(store: StateStore, env: CniEnv, state: AttachmentState, result: 
     except BaseException:
         state.phase = "adding"
         raise
+
+
+def _publish(env: CniEnv, net: NetConfig, mode: modes.Mode, state: AttachmentState, result: dict,
+             units: list[str], store: StateStore, pod_fd: int) -> None:
+    """Tell the pod's containers about their rails (pod_cdi.py): the JSON file, and with pairing a
+    CDI spec per granted unit. Recorded in the state before the first file is written; a failure
+    fails the ADD, whose rollback removes what was written."""
+    published = pod_cdi.plan(net.pod_info_dir, net.cdi_spec_dir, net.cdi_kind, env.container_id, env.ifname, units)
+    if published is None:
+        return
+    state.published = published
+    store.save(env.container_id, env.ifname, state)
+    entries = [_rail_entry(rail, result) for rail in state.rails]
+    record = pod_info.record(net.name, env.container_id, env.ifname, mode.name, entries)
+    devices = [e["rdmaDevice"] for e in entries if e["rdmaDevice"]]
+    nodes: list[dict] = []
+    faults.point("publishing")
+    try:
+        if published["cdiSpecs"] and devices:
+            nodes = pod_cdi.device_nodes(devices, _uverbs(pod_fd if mode.gids_in_pod else None))
+        pod_cdi.publish(published, record, nodes)
+    except OSError as exc:
+        raise CniError(IO_FAILURE, f"cannot publish the pod's rail settings: {exc}") from None
+
+
+def _rail_entry(rail: dict, result: dict) -> dict:
+    """A rail of the pod info record: its addresses (with prefix length) from the result, its GID
+    index from what ADD waited for (the first address's; null when unknown)."""
+    index = next((i for i, iface in enumerate(result.get("interfaces", []))
+                  if iface.get("name") == rail.get("ifname") and iface.get("sandbox")), None)
+    addresses = [ip["address"] for ip in result.get("ips", []) if index is not None and ip.get("interface") == index]
+    gids = rail.get("gidIndexes") or [None]
+    return pod_info.rail_entry(rail.get("ifname") or "", rail.get("netdev"), addresses, rail.get("rdmaDevice"),
+                               rail.get("port"), gids[0])
+
+
+def _uverbs(pod_view_fd: int | None) -> dict[str, list]:
+    """The uverbs char devices by RDMA device, as the host (or, exclusive, the pod) sees them."""
+    if pod_view_fd is None:
+        return rdma_sysfs.default.char_devices("infiniband_verbs")
+    from rdma_netns.kernel import netns_sysfs
+
+    found = netns_sysfs.call_in_pod_view(pod_view_fd, lambda: rdma_sysfs.default.char_devices("infiniband_verbs"))
+    return found if isinstance(found, dict) else {}
 
 
 def _rollback(state: AttachmentState, env: CniEnv, cfg: loader.Config, store: StateStore) -> None:
@@ -229,23 +276,41 @@ def _add_rails(env: CniEnv, cfg: loader.Config, mode: modes.Mode, plan: list[rai
         mode.attach(host_sock, pod_fd, rail, parent, cfg.runtime.mac)
         faults.point(f"attached-{i}")
     links: list[rtnl.Link] = []
-    with netns.inside(pod_fd), NetlinkSocket() as pod_sock:
-        for i, (rail, plan_ip) in enumerate(zip(plan, addressings)):
-            link = rtnl.get_link(pod_sock, rail.ifname)
-            if link is None:
-                raise CniError(KERNEL_REJECTED, f"{rail.ifname} vanished from the pod right after it was created")
-            try:
-                addressing.configure(pod_sock, link, plan_ip, *_rail_routing(net, link))
-            except NetlinkError as exc:
-                raise CniError(KERNEL_REJECTED, f"configuring {rail.ifname}: {exc.strerror}") from None
-            links.append(link)
-            # Kept so that DEL can still find this rail's policy rules if its interface vanishes.
-            state.rails[i]["addresses"] = [address.address_text() for address, _gw in plan_ip.addresses]
-            faults.point(f"addressed-{i}")
-    gids = _wait_for_gids(plan, addressings, net.gid_wait_ms / 1000, pod_fd if mode.gids_in_pod else None)
+    # GID-producing changes (links up, link-local addresses, the pod's addresses) go to all rails in
+    # lockstep under the node-wide GID order lock, until their GIDs are there: pods then get the same
+    # GID index on every rail whose table has the same layout (gid_order.py). Routing comes after.
+    has_gids = any(r.rdma is not None for r in plan)  # without an RDMA device no GID to order or wait for
+    with gid_order.Lockstep(net.state_dir, net.lock_timeout, active=has_gids):
+        with netns.inside(pod_fd), NetlinkSocket() as pod_sock:
+            for rail in plan:
+                link = rtnl.get_link(pod_sock, rail.ifname)
+                if link is None:
+                    raise CniError(KERNEL_REJECTED, f"{rail.ifname} vanished from the pod right after it was created")
+                links.append(link)
+            for link, plan_ip in zip(links, addressings):
+                _kernel_step(link, addressing.bring_up, pod_sock, link, plan_ip)
+            if has_gids:
+                gid_order.wait_for_link_local(pod_sock, links, net.gid_wait_ms / 1000)
+            for i, (link, plan_ip) in enumerate(zip(links, addressings)):
+                _kernel_step(link, addressing.add_addresses, pod_sock, link, plan_ip)
+                # Kept so that DEL can still find this rail's policy rules if its interface vanishes.
+                state.rails[i]["addresses"] = [address.address_text() for address, _gw in plan_ip.addresses]
+                faults.point(f"addressed-{i}")
+        gids = _wait_for_gids(plan, addressings, net.gid_wait_ms / 1000, pod_fd if mode.gids_in_pod else None)
     for rail_state, gid in zip(state.rails, gids):
         rail_state["gidIndexes"] = gid
+    with netns.inside(pod_fd), NetlinkSocket() as pod_sock:
+        for link, plan_ip in zip(links, addressings):
+            _kernel_step(link, addressing.add_routing, pod_sock, link, plan_ip, *_rail_routing(net, link))
     return _result(env, cfg, plan, links, addressings)
+
+
+def _kernel_step(link: rtnl.Link, step, *args) -> None:
+    """One configuration step of a rail in the pod; the kernel's refusal becomes KERNEL_REJECTED."""
+    try:
+        step(*args)
+    except NetlinkError as exc:
+        raise CniError(KERNEL_REJECTED, f"configuring {link.name}: {exc.strerror}") from None
 
 
 def _wait_for_gids(plan: list[rails.Rail], addressings: list[addressing.RailAddressing], timeout: float,
@@ -333,7 +398,9 @@ def _teardown(state: AttachmentState, env: CniEnv, cfg: loader.Config, rollback:
     host_fd = netns.current_netns_fd()
     try:
         if pod_fd is not None:
-            with netns.inside(pod_fd), NetlinkSocket() as pod_sock:
+            with gid_order.Lockstep(net.state_dir, net.lock_timeout,
+                                    active=any(r.get("rdmaDevice") for r in state.rails)), \
+                    netns.inside(pod_fd), NetlinkSocket() as pod_sock:
                 for rail in state.rails:
                     try:
                         _detach_rail(pod_sock, mode, rail, net, host_fd)
@@ -363,6 +430,8 @@ def _teardown(state: AttachmentState, env: CniEnv, cfg: loader.Config, rollback:
                 continue
             errors.append(exc.msg)
             ipam_failures += 1
+    for problem in pod_cdi.unpublish(state.published):  # never wedges a DEL; GC sweeps leftovers
+        log(f"teardown: {problem}")
     return TeardownErrors(errors, ipam_failures)
 
 
@@ -595,6 +664,9 @@ def cmd_gc(env: CniEnv, cfg: loader.Config) -> None:
         if (container_id, ifname) not in cfg.valid_attachments:
             store.clear_released(container_id, ifname)
     store.sweep_locks()  # lock files of calls killed while holding them
+    keep = set(store.attachments()) | cfg.valid_attachments
+    for path in pod_cdi.sweep(net.pod_info_dir, net.cdi_spec_dir, net.name, keep):
+        log(f"GC: removed {path}")
     _gc_ipam(env, cfg, store)
 
 

@@ -303,23 +303,27 @@ class AttachmentState:
 
     rails: one dict per rail (Rail.to_state() plus the mode's prepare() facts and what ADD
     learns: ipamStarted, addresses, gidIndexes; rdmaOnly for an RDMA-device-only rail).
+    published: what ADD publishes for the pod's containers (pod_cdi.py), so that DEL removes it from
+    the state alone (an additive field: older readers keep it in `extra`).
     Unknown top-level fields of a newer writer are kept in `extra` and written back unchanged.
     """
 
     __slots__ = ("format", "major", "phase", "mode", "link", "container_id", "ifname", "netns", "network",
-                 "teardown", "rails", "result", "extra")
+                 "teardown", "rails", "result", "published", "extra")
 
     _KEYS = ("format", "formatMajor", "phase", "mode", "link", "containerID", "ifname", "netns", "network",
-             "teardown", "rails", "result")
+             "teardown", "rails", "result", "published")
 
     def __init__(self, *, mode: str, link: str, container_id: str, ifname: str, netns: str, network: str,
                  rails: list[dict], teardown: dict | None = None, phase: str = "adding",
                  result: dict | None = None, format: object = STATE_FORMAT, major: object = STATE_MAJOR,
-                 extra: dict | None = None) -> None:
+                 published: dict | None = None, extra: dict | None = None) -> None:
         self.format, self.major, self.phase = format, major, phase
         self.mode, self.link = mode, link
         self.container_id, self.ifname, self.netns, self.network = container_id, ifname, netns, network
         self.teardown, self.rails, self.result = teardown, rails, result
+        # pod_cdi.plan(): the pod info file and CDI specs ADD publishes (written before the files are)
+        self.published = published
         self.extra = extra or {}
 
     @classmethod
@@ -333,12 +337,14 @@ class AttachmentState:
         rails = value.get("rails")
         teardown = value.get("teardown")
         result = value.get("result")
+        published = value.get("published")
         return cls(format=value.get("format", 1), major=value.get("formatMajor", 1), phase=text("phase"),
                    mode=text("mode"), link=text("link"), container_id=text("containerID"), ifname=text("ifname"),
                    netns=text("netns"), network=text("network"),
                    rails=[r for r in rails if isinstance(r, dict)] if isinstance(rails, list) else [],
                    teardown=teardown if isinstance(teardown, dict) else None,
                    result=result if isinstance(result, dict) else None,
+                   published=published if isinstance(published, dict) else None,
                    extra={k: v for k, v in value.items() if k not in cls._KEYS})
 
     def to_json(self) -> dict:
@@ -352,6 +358,8 @@ class AttachmentState:
         out["rails"] = self.rails
         if self.result is not None:
             out["result"] = self.result
+        if self.published is not None:
+            out["published"] = self.published
         out.update(self.extra)
         return out
 

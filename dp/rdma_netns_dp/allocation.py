@@ -34,6 +34,11 @@ class ContainerGrant:
     cdi_devices: list[str] = field(default_factory=list)
 
 
+def pod_cdi_nodes(g: ContainerGrant) -> list[dict]:
+    """A grant's device nodes as CDI deviceNodes (for the pod CDI placeholder)."""
+    return [{"path": n.container_path, "hostPath": n.host_path, "permissions": n.permissions} for n in g.nodes]
+
+
 def cdi_kind(slug: str) -> str:
     return f"rdma-netns.io/{slug}"
 

@@ -14,7 +14,7 @@ from rdma_netns import fsutil
 from rdma_netns.kernel.rdma_devices import RdmaDevice
 from rdma_netns_dp.allocation import RDMA_CM, cdi_kind
 
-CDI_VERSION = "0.6.0"
+CDI_VERSION = "0.5.0"  # what the spec needs; Podman 4.3 refuses 0.6.0 specs altogether
 
 
 def spec_path(spec_dir: str, slug: str) -> str:

@@ -18,6 +18,7 @@ _RESOURCE_NAME = re.compile(
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 MAX_SOCKET_PATH = 107  # sun_path is 108 bytes with its NUL; gRPC refuses longer paths
 _PCI_ID = re.compile(r"^(0x)?[0-9a-fA-F]{4}$")
+_CDI_KIND = re.compile(r"^[A-Za-z]([A-Za-z0-9_.\-]*[A-Za-z0-9])?/[A-Za-z]([A-Za-z0-9_\-]*[A-Za-z0-9])?$")
 
 
 class ConfigError(ValueError):
@@ -55,12 +56,24 @@ class ResourceConfig(_Strict):
     # Shared mode: when the units are Healthy. "any": at least one selected device has an ACTIVE
     # port (a pod may then get devices whose ports are DOWN); "all": every selected device has one.
     sharedHealth: Literal["any", "all"] = "any"
+    # Shared mode: Allocate also names "<podCdiKind>=<unit>" per unit, the CDI device whose spec the
+    # CNI writes at ADD with the pod's rails (env, JSON file, devices; issue 17); until then (and for
+    # a hostNetwork pod, which gets no ADD) a devices-only placeholder written here resolves it.
+    podCdi: bool = False
+    podCdiKind: str = "rdma-netns.io/pod"  # the CNI config's cdiKind (the same default)
 
     @field_validator("name")
     @classmethod
     def _resource_name(cls, value: str) -> str:
         if len(value) > 253 or not _RESOURCE_NAME.match(value) or value.startswith("kubernetes.io/"):
             raise ValueError(f"{value!r} is not an extended resource name like rdma/hca")
+        return value
+
+    @field_validator("podCdiKind")
+    @classmethod
+    def _cdi_kind(cls, value: str) -> str:
+        if len(value) > 253 or not _CDI_KIND.match(value):
+            raise ValueError(f"{value!r} is not a CDI kind like rdma-netns.io/pod (vendor/class)")
         return value
 
     @property

@@ -30,7 +30,8 @@ class Daemon:
         self.stop_event = threading.Event()
         self.pools = [Pool(resource, self.mode) for resource in config.resources]
         self.plugins = [ResourcePlugin(pool, self.sysfs, config.kubeletDir, config.devRoot,
-                                       config.cdi.enabled, config.registration) for pool in self.pools]
+                                       config.cdi.enabled, config.registration, cdi_spec_dir=config.cdi.specDir)
+                        for pool in self.pools]
         self._last_blocked: str | None = None
         self.pod_grants: PodGrantsServer | None = None
         # exclusive + CDI: each device as last seen on the host, and, while it is away in a pod,

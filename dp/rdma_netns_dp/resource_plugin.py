@@ -38,8 +38,9 @@ def _inode(path: str) -> tuple[int, int, int] | None:
 
 class ResourcePlugin:
     def __init__(self, pool: Pool, sysfs: DeviceSysfs, kubelet_dir: str, dev_root: str, use_cdi: bool,
-                 registration: str, workers: int = 32) -> None:
+                 registration: str, workers: int = 32, cdi_spec_dir: str = "/var/run/cdi") -> None:
         self.pool = pool
+        self.cdi_spec_dir = cdi_spec_dir
         self.sysfs = sysfs
         self.dev_root = dev_root
         self.use_cdi = use_cdi
@@ -75,7 +76,7 @@ class ResourcePlugin:
             os.unlink(self.socket_path)
         except FileNotFoundError:
             pass
-        self.servicer = DevicePluginServicer(self.pool, self.sysfs, self.dev_root, self.use_cdi)
+        self.servicer = DevicePluginServicer(self.pool, self.sysfs, self.dev_root, self.use_cdi, self.cdi_spec_dir)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.workers))
         api_pb2_grpc.add_DevicePluginServicer_to_server(self.servicer, server)
         server.add_insecure_port(f"unix://{self.socket_path}")

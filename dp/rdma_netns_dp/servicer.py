@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import grpc
 
 from rdma_netns.kernel.rdma_devices import DeviceSysfs
-from rdma_netns_dp.allocation import AllocationError, ContainerGrant, grant
+from rdma_netns_dp import pod_cdi
+from rdma_netns_dp.allocation import AllocationError, ContainerGrant, grant, pod_cdi_nodes
 from rdma_netns_dp.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from rdma_netns_dp.inventory import HEALTHY, UNHEALTHY, Pool, Unit, UnknownDevice
 from rdma_netns_dp.preferred import preferred
@@ -35,11 +36,13 @@ def _response(g: ContainerGrant) -> api_pb2.ContainerAllocateResponse:
 
 
 class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
-    def __init__(self, pool: Pool, sysfs: DeviceSysfs, dev_root: str, use_cdi: bool) -> None:
+    def __init__(self, pool: Pool, sysfs: DeviceSysfs, dev_root: str, use_cdi: bool,
+                 cdi_spec_dir: str = "/var/run/cdi") -> None:
         self.pool = pool
         self.sysfs = sysfs
         self.dev_root = dev_root
         self.use_cdi = use_cdi
+        self.cdi_spec_dir = cdi_spec_dir
         self.stopping = threading.Event()
 
     def options(self) -> api_pb2.DevicePluginOptions:
@@ -89,10 +92,29 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             if not devices:
                 context.abort(grpc.StatusCode.UNAVAILABLE,
                               f"{resource.name}: no selected RDMA device is on this node now")
+            if resource.podCdi and self.pool.shared:
+                self._pod_cdi(list(req.devices_ids), devices, g, context)
             response.container_responses.append(_response(g))
             log.info("Allocate", extra={"resource": resource.name, "ids": len(req.devices_ids),
                                         "rdma_devices": g.envs["RDMA_NETNS_DEVICES"]})
         return response
+
+    def _pod_cdi(self, units: list[str], devices: list, g: ContainerGrant, context) -> None:
+        """Name each unit's pod CDI device, with a placeholder spec until the pod's CNI ADD."""
+        resource = self.pool.resource
+        nodes = g.nodes
+        if self.use_cdi:  # the grant names the resource's CDI devices instead of listing nodes
+            nodes = grant(devices, self.sysfs, self.dev_root, resource.name, resource.slug, resource.includeUmad,
+                          False, skip_leaving=True).nodes
+        placeholder_nodes = pod_cdi_nodes(ContainerGrant(nodes=nodes))
+        for unit in units:
+            try:
+                pod_cdi.ensure_placeholder(self.cdi_spec_dir, resource.podCdiKind, unit, placeholder_nodes)
+            except (OSError, ValueError) as exc:
+                log.warning("pod CDI placeholder failed", extra={"resource": resource.name, "reason": str(exc)})
+                context.abort(grpc.StatusCode.UNAVAILABLE, f"{resource.name}: cannot write the pod CDI spec of "
+                              f"{unit}: {exc}")
+            g.cdi_devices.append(f"{resource.podCdiKind}={unit}")
 
     def PreStartContainer(self, request, context):
         return api_pb2.PreStartContainerResponse()

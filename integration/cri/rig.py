@@ -290,7 +290,9 @@ disabled_plugins = [
                 entry["ifname"] = f"rdma{i}"
             entries.append(entry)
         plugin = {"type": "rdma-netns", "mode": "shared", "link": "macvlan", "requireRdma": False,
-                  "stateDir": str(self.rdma_state), "rails": entries, **extra}
+                  "stateDir": str(self.rdma_state), "rails": entries,
+                  # published pod info inside the rig, not in the machine's /run and /var/run/cdi
+                  "podInfoDir": str(self.rdma_state / "pods"), "cdiSpecDir": str(self.rdma_state / "cdi"), **extra}
         return plugin, subnets
 
     def use_network(self, kind: str, rails: int = 1, version: str = "1.0.0", **rdma_extra: object) -> Network:

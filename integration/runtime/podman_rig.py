@@ -176,7 +176,9 @@ runroot = "{self.work}/runroot"
                 rail["ifname"] = f"rdma{i}"
             rails.append(rail)
         plugin = {"type": "rdma-netns", "mode": "shared", "link": "macvlan", "requireRdma": False,
-                  "stateDir": str(self.state_dir), "rails": rails}
+                  "stateDir": str(self.state_dir), "rails": rails,
+                  # published pod info inside the rig, not in the machine's /run and /var/run/cdi
+                  "podInfoDir": str(self.state_dir / "pods"), "cdiSpecDir": str(self.state_dir / "cdi")}
         if capabilities:
             plugin["capabilities"] = capabilities
         conflist = {"cniVersion": version, "name": name, "plugins": [plugin]}

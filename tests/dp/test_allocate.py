@@ -259,7 +259,7 @@ def read_spec(host: Host) -> dict:
 
 
 def check_spec(host: Host, spec: dict, names) -> None:
-    assert spec["cdiVersion"] == "0.6.0"
+    assert spec["cdiVersion"] == "0.5.0"
     assert spec["kind"] == f"rdma-netns.io/{SLUG}"
     by_name = {d["name"]: d for d in spec["devices"]}
     assert sorted(by_name) == sorted(names)

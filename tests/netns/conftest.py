@@ -43,6 +43,8 @@ class Node:
         self.pods: list[str] = []
         self.state_dir = str(tmp / "state")
         self.ipam_dir = str(tmp / "ipam")
+        self.pods_dir = str(tmp / "pods")
+        self.cdi_dir = str(tmp / "cdi")
         ip("netns", "add", self.name)
         ip("-n", self.name, "link", "set", "lo", "up")
         for i in range(rails):
@@ -68,6 +70,8 @@ class Node:
         conf = {
             "cniVersion": version, "name": "rdmanet", "type": "rdma-netns", "mode": "shared",
             "requireRdma": False, "stateDir": self.state_dir,
+            # the published pod info stays in the test's folder, not the machine's /run and /var/run/cdi
+            "podInfoDir": self.pods_dir, "cdiSpecDir": self.cdi_dir,
             "rails": [{"netdev": f"rail{i}", "ipam": self.ipam(f"fd00:{i + 1}::/64")} for i in range(rails)],
         }
         if rails > 1:

@@ -156,6 +156,8 @@ def test_training_job_needs_no_host_network(filename: str):
     assert "IPC_LOCK" in security["capabilities"]["add"]
     env = {e["name"]: e.get("value") for e in train.get("env", [])}
     assert "NCCL_IB_GID_INDEX" not in env  # it differs per pod in shared mode (see the comment there)
+    if filename == "training-job.yaml":  # paired: the pod's CDI spec sets them from its own rails
+        assert not {"NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "NCCL_IB_ADDR_FAMILY"} & set(env)
 
 
 def test_multus_job_is_the_same_job_with_the_network_annotation():
@@ -170,10 +172,13 @@ def test_multus_job_is_the_same_job_with_the_network_annotation():
     def env(job: dict) -> dict:
         return {e["name"]: e["value"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
 
-    assert env(multus)["NCCL_SOCKET_IFNAME"] == "eth0" == env(plain)["NCCL_SOCKET_IFNAME"]
-    # Apart from the annotation, the Jobs are identical.
+    # Multus attaches rdma-netns unpaired (no unit, no CDI env): the Job sets NCCL's variables itself.
+    assert env(multus)["NCCL_SOCKET_IFNAME"] == "eth0" and "NCCL_SOCKET_IFNAME" not in env(plain)
+    # Apart from the annotation and those variables, the Jobs are identical.
     a, b = copy.deepcopy(plain), copy.deepcopy(multus)
     del b["spec"]["template"]["metadata"]["annotations"]
+    for job in (a, b):
+        del job["spec"]["template"]["spec"]["containers"][0]["env"]
     assert a == b
 
 

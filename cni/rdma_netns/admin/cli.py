@@ -31,7 +31,7 @@ def _mode(args: argparse.Namespace) -> int:
 def _devices(args: argparse.Namespace) -> int:
     from rdma_netns.admin import devices
 
-    rows = devices.collect()
+    rows = devices.collect(args.max_gids)
     if args.json:
         json.dump(rows, sys.stdout, indent=2)
         print()
@@ -144,8 +144,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--modprobe-file", default="/etc/modprobe.d/rdma-netns.conf", help=argparse.SUPPRESS)
     p.add_argument("--persist-only", action="store_true", help=argparse.SUPPRESS)  # install.sh --root
     p.set_defaults(func=_mode)
-    p = sub.add_parser("devices", help="list the RDMA devices visible here, their ports and netdevs")
+    p = sub.add_parser("devices", help="list the RDMA devices visible here, their ports, netdevs and GIDs; "
+                       "run inside a pod, each port lists the pod's own GIDs first and marks the host's and "
+                       "other namespaces' entries (a per-pod show_gids)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--max-gids", type=int, default=64, metavar="N",
+                   help="GID entries to read per port (default %(default)s; soft devices have 1024, slow to read)")
     p.set_defaults(func=_devices)
     p = sub.add_parser("check-config", help="validate a conflist (or one plugin entry) against the config contract")
     p.add_argument("file")
@@ -175,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "mode" and (args.action == "set") != (args.value is not None):
         parser.error("use `mode` to show it, or `mode set shared|exclusive`")
+    if args.command == "devices" and not 1 <= args.max_gids <= 4096:
+        parser.error("--max-gids must be 1 to 4096")
     if args.command == "cni-conf" and not 0 < args.interval <= 3600:
         parser.error("--interval must be more than 0 and at most 3600 seconds")
     return args.func(args)

@@ -1,4 +1,11 @@
-"""`rdma-netns devices [--json]`: RDMA devices, ports, state, netdevs, GIDs and namespaces.
+"""`rdma-netns devices [--json]`: RDMA devices, ports, state, netdevs and GIDs, with each GID's owner.
+
+Run inside a pod it is a per-pod `show_gids`: in shared mode every namespace sees each device's
+whole GID table (the host's entries and every pod's), and the index of the pod's own GID differs
+per pod and per device. So each port lists the current namespace's own GIDs first, then the
+others marked as the host's or another namespace's. An entry is this namespace's when its ndev
+names an interface here and its GID is one of that interface's addresses (or its EUI-64
+link-local address); "host" when its ndev is the device's own netdev; else another namespace's.
 
 In exclusive mode a device is visible only in the namespace that holds it, so the listing
 visits every named namespace (/var/run/netns) as well as the host's.
@@ -8,33 +15,106 @@ from __future__ import annotations
 
 import os
 
-from rdma_netns.kernel import netns, netns_sysfs, rdma_sysfs
+from rdma_netns.kernel import netns, netns_sysfs, rdma_sysfs, rtnl
+from rdma_netns.kernel.inet import Prefix
+from rdma_netns.kernel.netlink import NetlinkSocket
 from rdma_netns.kernel.netns import NETNS_RUN_DIR
 
-
-def _gid_rows(ports: list[tuple[str, int]]) -> list[list[dict]]:
-    return [[{"index": g.index, "gid": g.gid, "type": g.gid_type, "ndev": g.ndev}
-             for g in rdma_sysfs.gids(rdma_sysfs.RdmaPort(dev, port))] for dev, port in ports]
-
-
-def _rows_here(namespace: str, view_fd: int | None) -> list[dict]:
-    """Devices and ports visible in the current namespace; GIDs through that namespace's sysfs."""
-    from rdma_netns.kernel.rdma_nldev import RdmaNetlink
-
-    with RdmaNetlink() as rdma:
-        ports = rdma.ports()
-    keys = [(p.device_name, p.port_index) for p in ports]
-    gid_lists = _gid_rows(keys) if view_fd is None else netns_sysfs.call_in_pod_view(view_fd, lambda: _gid_rows(keys))
-    return [{"device": p.device_name, "port": p.port_index, "state": p.state_name, "netdev": p.netdev_name,
-             "pci": rdma_sysfs.pci_address_of_device(p.device_name), "namespace": namespace, "gids": gids}
-            for p, gids in zip(ports, gid_lists)]
+SELF, HOST, OTHER = "self", "host", "other"
+OWNER_TEXT = {SELF: "this namespace", HOST: "host", OTHER: "another namespace"}
+DEFAULT_GID_LIMIT = 64  # entries read per port: soft devices have 1024, slow to read under emulation
 
 
-def collect() -> list[dict]:
+def eui64_link_local(mac: str) -> str | None:
+    """The GID text of the EUI-64 link-local address the kernel derives from a MAC (fe80::...)."""
+    parts = mac.split(":")
+    if len(parts) != 6:
+        return None
+    try:
+        octets = [int(p, 16) for p in parts]
+    except ValueError:
+        return None
+    if not any(octets):
+        return None
+    iid = bytes([octets[0] ^ 0x02, *octets[1:3], 0xFF, 0xFE, *octets[3:]])
+    return rdma_sysfs.gid_text(Prefix.from_bytes(b"\xfe\x80" + b"\0" * 6 + iid))
+
+
+def local_gids() -> dict[str, set[str]]:
+    """{interface name: GID texts of its addresses} of the current network namespace."""
+    with NetlinkSocket() as sock:
+        links = rtnl.list_links(sock)
+        addresses = rtnl.list_addresses(sock)
+    names = {link.index: link.name for link in links}
+    out: dict[str, set[str]] = {link.name: set() for link in links}
+    for address in addresses:
+        if address.index in names:
+            out[names[address.index]].add(rdma_sysfs.gid_text(address.interface))
+    for link in links:
+        ll = eui64_link_local(link.mac)
+        if ll:
+            out[link.name].add(ll)
+    return out
+
+
+def owner(entry: rdma_sysfs.GidEntry, local: dict[str, set[str]], device_netdevs: list[str]) -> str:
+    if entry.gid in local.get(entry.ndev, ()):
+        return SELF
+    if entry.ndev in device_netdevs:
+        return HOST
+    return OTHER
+
+
+def port_gids(sysfs: rdma_sysfs.RdmaSysfs, device: str, port: int, local: dict[str, set[str]],
+              limit: int = DEFAULT_GID_LIMIT) -> list[dict]:
+    """A port's GID entries with their owner, this namespace's first (then by index)."""
+    netdevs = sysfs.netdevs_of_device(device)
+    rows = [{"index": g.index, "gid": g.gid, "type": g.gid_type, "ndev": g.ndev,
+             "owner": owner(g, local, netdevs)}
+            for g in sysfs.gids(rdma_sysfs.RdmaPort(device, port), limit)]
+    return sorted(rows, key=lambda r: (r["owner"] != SELF, r["index"]))
+
+
+def _gid_lists(keys: list[tuple[str, int]], local: dict[str, set[str]], limit: int) -> list[list[dict]]:
+    return [port_gids(rdma_sysfs.default, dev, port, local, limit) for dev, port in keys]
+
+
+def _ports_here() -> list[tuple[str, int, str, str | None]]:
+    """(device, port, state, netdev) of the ports visible here: NETLINK_RDMA, else sysfs."""
+    try:
+        from rdma_netns.kernel.rdma_nldev import RdmaNetlink
+
+        with RdmaNetlink() as rdma:
+            return [(p.device_name, p.port_index, p.state_name, p.netdev_name) for p in rdma.ports()]
+    except OSError:
+        sysfs = rdma_sysfs.default
+        return [(dev, port, sysfs.port_status(dev, port)[0] or "?", (sysfs.netdevs_of_device(dev) or [None])[0])
+                for dev in sysfs.device_names() for port in sysfs.ports(dev)]
+
+
+def _rows_here(namespace: str, view_fd: int | None, limit: int) -> list[dict]:
+    """Devices and ports visible in the current namespace; GIDs through that namespace's sysfs,
+    owners relative to the current namespace's interfaces."""
+    ports = _ports_here()
+    try:
+        local = local_gids()
+    except OSError:
+        local = {}
+    keys = [(dev, port) for dev, port, _state, _nd in ports]
+    if view_fd is None:
+        gid_lists = _gid_lists(keys, local, limit)
+    else:
+        gid_lists = netns_sysfs.call_in_pod_view(view_fd, lambda: _gid_lists(keys, local, limit))
+    return [{"device": dev, "port": port, "state": state, "netdev": netdev,
+             "pci": rdma_sysfs.pci_address_of_device(dev), "namespace": namespace, "gids": gids}
+            for (dev, port, state, netdev), gids in zip(ports, gid_lists)]
+
+
+def collect(limit: int = DEFAULT_GID_LIMIT) -> list[dict]:
     mode = rdma_sysfs.netns_mode()
     if mode is None:
         return []
-    rows = _rows_here("host" if mode == "exclusive" else "all (shared mode)", None)
+    rows = _rows_here("host" if mode == "exclusive" else "all (shared mode)", None, limit)
     if mode != "exclusive":
         return rows
     try:
@@ -48,7 +128,7 @@ def collect() -> list[dict]:
             continue
         try:
             with netns.inside(fd):
-                rows += _rows_here(name, fd)
+                rows += _rows_here(name, fd, limit)
         finally:
             os.close(fd)
     return rows
@@ -57,9 +137,18 @@ def collect() -> list[dict]:
 def table(rows: list[dict]) -> str:
     if not rows:
         return "no RDMA devices (or no RDMA subsystem) on this node"
-    out = [f"{'DEVICE':<12} {'PORT':>4} {'STATE':<8} {'NETDEV':<12} {'NAMESPACE':<20} GIDS (index type ndev)"]
+    out = [f"{'DEVICE':<12} {'PORT':>4} {'STATE':<8} {'NETDEV':<12} {'PCI':<14} NAMESPACE"]
     for r in rows:
-        gids = "; ".join(f"{g['index']} {g['gid']} {g['type']} {g['ndev']}" for g in r["gids"]) or "-"
         out.append(f"{r['device']:<12} {r['port']:>4} {r['state']:<8} {r['netdev'] or '-':<12} "
-                   f"{r['namespace']:<20} {gids}")
+                   f"{r['pci'] or '-':<14} {r['namespace']}")
+    for r in rows:
+        out.append("")
+        out.append(f"{r['device']} port {r['port']} GIDs (own first):")
+        if not r["gids"]:
+            out.append("  none")
+            continue
+        out.append(f"  {'INDEX':>5}  {'GID':<39}  {'TYPE':<11}  {'NDEV':<15}  OWNER")
+        for g in r["gids"]:
+            out.append(f"  {g['index']:>5}  {g['gid']:<39}  {g['type'] or '-':<11}  {g['ndev'] or '-':<15}  "
+                       f"{OWNER_TEXT.get(g['owner'], g['owner'])}")
     return "\n".join(out)

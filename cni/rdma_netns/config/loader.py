@@ -21,6 +21,9 @@ RUNTIME_KEYS = ("args", "runtimeConfig", "prevResult", "cni.dev/valid-attachment
 DEFAULT_STATE_DIR = "/var/lib/cni/rdma-netns"
 DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 DEFAULT_POD_GRANTS_SOCKET = "/run/rdma-netns/pod-grants.sock"
+DEFAULT_POD_INFO_DIR = "/run/rdma-netns/pods"
+DEFAULT_CDI_SPEC_DIR = "/var/run/cdi"
+DEFAULT_CDI_KIND = "rdma-netns.io/pod"
 CACHE_FOLDER = "verified-configs"  # state.CACHE_FOLDER (not imported: a VERSION call loads no state code)
 # Folder names beside the network folders under stateDir (state.RESERVED_NAMES): a network of
 # that name would share its folder with the lock files or this cache.

@@ -12,7 +12,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rdma_netns.config.loader import (
+    DEFAULT_CDI_KIND,
+    DEFAULT_CDI_SPEC_DIR,
     DEFAULT_POD_GRANTS_SOCKET,
+    DEFAULT_POD_INFO_DIR,
     DEFAULT_POD_RESOURCES_SOCKET,
     DEFAULT_STATE_DIR,
     RUNTIME_KEYS,
@@ -28,6 +31,8 @@ PLUGIN_TYPE = re.compile(r"[A-Za-z0-9_.\-]{1,64}\Z")
 RESOURCE_NAME = re.compile(
     r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?\Z")
 MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with the NUL
+# A CDI kind, vendor/class (the CDI spec's rules: vendor may have dots, class may not).
+CDI_KIND = re.compile(r"[A-Za-z]([A-Za-z0-9_.\-]*[A-Za-z0-9])?/[A-Za-z]([A-Za-z0-9_\-]*[A-Za-z0-9])?\Z")
 
 
 
@@ -101,6 +106,26 @@ class NetConf(Strict):
     podResourcesSocket: str = DEFAULT_POD_RESOURCES_SOCKET
     podResourcesTimeoutMs: int = Field(default=500, ge=1, le=10000)
     podGrantsSocket: str = DEFAULT_POD_GRANTS_SOCKET
+    # Issue 17: what a pod's containers learn of their rails (pod_info.py, pod_cdi.py).
+    podInfoDir: str = DEFAULT_POD_INFO_DIR  # "" = publish nothing
+    cdiSpecDir: str = DEFAULT_CDI_SPEC_DIR
+    cdiKind: str = DEFAULT_CDI_KIND
+
+    @field_validator("podInfoDir", "cdiSpecDir")
+    @classmethod
+    def _publish_dir(cls, value: str, info: Any) -> str:
+        if value == "" and info.field_name == "podInfoDir":
+            return value
+        if not value.startswith("/") or "\0" in value or ".." in value.split("/") or value.rstrip("/") == "":
+            raise ValueError("must be an absolute folder path without '..' (not /)")
+        return value.rstrip("/")
+
+    @field_validator("cdiKind")
+    @classmethod
+    def _cdi_kind(cls, value: str) -> str:
+        if len(value) > 253 or not CDI_KIND.match(value):
+            raise ValueError(f"{value!r} is not a CDI kind like rdma-netns.io/pod (vendor/class)")
+        return value
 
     @field_validator("resourceName")
     @classmethod

@@ -36,7 +36,7 @@ class NetConfig:
     __slots__ = ("name", "type", "mode", "link", "link_mode", "rails", "ipam", "require_rdma", "gid_wait_ms",
                  "route_table_base", "rule_priority_base", "ipam_timeout", "lock_timeout", "mtu", "state_dir",
                  "dns", "resource_name", "pod_resources_socket", "pod_resources_timeout_ms",
-                 "pod_grants_socket", "source")
+                 "pod_grants_socket", "pod_info_dir", "cdi_spec_dir", "cdi_kind", "source")
 
     def __init__(self, d: dict) -> None:
         """d: the model's normalised output (every key present), or teardown_network()'s subset."""
@@ -62,6 +62,10 @@ class NetConfig:
         self.pod_resources_socket: str = d.get("podResourcesSocket", "")
         self.pod_resources_timeout_ms: int = d.get("podResourcesTimeoutMs", 500)
         self.pod_grants_socket: str = d.get("podGrantsSocket", "")
+        # "" (also DEL's fallback for a refused config): publish nothing; teardown uses the state.
+        self.pod_info_dir: str = d.get("podInfoDir", "")
+        self.cdi_spec_dir: str = d.get("cdiSpecDir", "")
+        self.cdi_kind: str = d.get("cdiKind", "")
 
     def teardown_settings(self) -> dict:
         """What DEL needs of the config to undo an attachment, recorded at ADD (state format 2)."""

@@ -158,7 +158,7 @@ def test_grant_looks_char_devices_up_now(sysfs, tmp_path):
 
 def test_cdi_spec_is_written_atomically_and_only_on_change(sysfs, tmp_path):
     spec = cdi.build_spec("rdma_hca", sysfs.devices(), "/dev", include_umad=False)
-    assert spec["kind"] == "rdma-netns.io/rdma_hca" and spec["cdiVersion"] == "0.6.0"
+    assert spec["kind"] == "rdma-netns.io/rdma_hca" and spec["cdiVersion"] == "0.5.0"
     assert [d["name"] for d in spec["devices"]] == ["mlx5_0", "mlx5_1", "rxe0"]
     assert spec["devices"][2]["containerEdits"]["deviceNodes"] == [
         {"path": "/dev/infiniband/uverbs2", "hostPath": "/dev/infiniband/uverbs2", "permissions": "rw"}]
