@@ -91,9 +91,9 @@ def boot_guest(tmp_path_factory, label: str, guest_args: list[str], suite_args: 
     GUEST_REPORT.append(f"{label} run: exit {proc.returncode} after {run.seconds:.0f} s (boot included{retried}); "
                         f"console and reports: {results}")
     GUEST_REPORT.extend(timing_summary(results / "timings.jsonl"))
-    facts = results / "exclusive-boot-facts.jsonl"
-    if facts.exists():
-        GUEST_REPORT.extend(f"  {line}" for line in facts.read_text().splitlines())
+    for facts in (results / "exclusive-boot-facts.jsonl", results / "pod-gids-facts.jsonl"):
+        if facts.exists():
+            GUEST_REPORT.extend(f"  {line}" for line in facts.read_text().splitlines())
     return run
 
 
