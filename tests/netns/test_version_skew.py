@@ -57,7 +57,14 @@ def previous_build(tmp_path_factory) -> str:
     return str(exe)
 
 
+# Keys added after 0.1.0, which that release refuses (it predates issue 16's lenient DEL): the
+# previous build gets the config it knows, as a node rolled back with its old conflist does.
+NEWER_KEYS = ("podInfoDir", "cdiSpecDir", "cdiKind")
+
+
 def cni(node, build: str | None, command: str, conf: dict, pod: str | None, container_id: str, ifname: str):
+    if build is not None:
+        conf = {k: v for k, v in conf.items() if k not in NEWER_KEYS}
     path = node.netns_path(pod) if pod else ""
     return run_plugin(command, conf, container_id=container_id, netns=path, ifname=ifname,
                       node_netns=node.name, plugin=build)
