@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 
@@ -92,6 +93,29 @@ def fsync_dir(folder: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def flock_polled(fd: int, deadline: float, max_delay: float) -> int | None:
+    """Take an exclusive flock on `fd`, polling (LOCK_NB, then sleeps doubling from 1 ms up to
+    `max_delay`) until the monotonic `deadline`, so a caller can give up instead of hanging a
+    runtime. Returns how many tries failed before it was taken (0: at once), or None at the
+    deadline (the fd stays open: the caller closes it). The plugin's lock files use it."""
+    import fcntl  # here: a call that never locks does not load it
+    import time
+
+    failed, delay = 0, 0.001
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return failed
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise
+        if time.monotonic() >= deadline:
+            return None
+        failed += 1
+        time.sleep(delay)
+        delay = min(delay * 2, max_delay)
 
 
 def remove(path: str) -> None:

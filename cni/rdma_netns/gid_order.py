@@ -19,7 +19,6 @@ a caller that cannot get the lock in time goes on without it (saying so) instead
 
 from __future__ import annotations
 
-import errno
 import os
 import sys
 import time
@@ -53,8 +52,6 @@ class Lockstep:
     def __enter__(self) -> Lockstep:
         if not self.active:
             return self
-        import fcntl  # here, not at the top: an attachment without RDMA devices never locks
-
         start = time.monotonic()
         try:
             fsutil.ensure_private_dir(self.folder)
@@ -62,22 +59,16 @@ class Lockstep:
         except OSError as exc:
             _log(f"cannot open {self.path} ({exc.strerror or exc}): GID indexes may differ between rails")
             return self
-        delay = 0.001
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as exc:
-                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                    os.close(fd)
-                    raise
-            if time.monotonic() - start >= self.timeout:
-                os.close(fd)
-                _log(f"another call held {self.path} for {self.timeout:.1f} s; going on without it: "
-                     "GID indexes may differ between rails")
-                return self
-            time.sleep(delay)
-            delay = min(delay * 2, 0.02)
+        try:
+            failed = fsutil.flock_polled(fd, start + self.timeout, 0.02)
+        except OSError:
+            os.close(fd)
+            raise
+        if failed is None:
+            os.close(fd)
+            _log(f"another call held {self.path} for {self.timeout:.1f} s; going on without it: "
+                 "GID indexes may differ between rails")
+            return self
         self.fd = fd
         self.waited = time.monotonic() - start
         return self

@@ -21,7 +21,6 @@ plugin read it through load/read_state).
 
 from __future__ import annotations
 
-import errno
 import os
 import sys
 import time
@@ -236,10 +235,7 @@ class AttachmentLock:
             return os.open(self.path, flags, 0o600)
 
     def __enter__(self) -> float:
-        import fcntl  # here, not at the top: an ADD that attaches nothing never locks
-
         start = time.monotonic()
-        delay = 0.001
         contended = False
         while True:
             try:
@@ -249,21 +245,16 @@ class AttachmentLock:
                     raise
                 raise CniError(IO_FAILURE, f"cannot open the lock file {self.path}: "
                                f"{exc.strerror or exc}") from None
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except OSError as exc:
-                    if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                        os.close(fd)
-                        raise
-                if time.monotonic() - start >= self.timeout:
-                    os.close(fd)
-                    raise CniError(TRY_AGAIN_LATER, f"another invocation holds the lock of {self.what}",
-                                   f"waited {self.timeout:.1f} s")
-                contended = True
-                time.sleep(delay)
-                delay = min(delay * 2, 0.05)
+            try:
+                failed = fsutil.flock_polled(fd, start + self.timeout, 0.05)
+            except OSError:
+                os.close(fd)
+                raise
+            if failed is None:
+                os.close(fd)
+                raise CniError(TRY_AGAIN_LATER, f"another invocation holds the lock of {self.what}",
+                               f"waited {self.timeout:.1f} s")
+            contended = contended or failed > 0
             if _same_file(fd, self.path):
                 self.fd = fd
                 waited = time.monotonic() - start

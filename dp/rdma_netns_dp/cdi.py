@@ -43,8 +43,13 @@ def build_spec(slug: str, devices: list[RdmaDevice], dev_root: str, include_umad
 
 def write_spec(spec_dir: str, slug: str, spec: dict) -> bool:
     """Write atomically (runtimes may read at any moment); False when the content is unchanged."""
-    path = spec_path(spec_dir, slug)
-    text = json.dumps(spec, indent=2, sort_keys=True) + "\n"
+    return write_if_changed(spec_dir, spec_path(spec_dir, slug), json.dumps(spec, indent=2, sort_keys=True) + "\n")
+
+
+def write_if_changed(spec_dir: str, path: str, text: str) -> bool:
+    """Write a spec file unless it already holds `text`; False when unchanged (no rewrite, so a
+    runtime reading it never sees a churn). 0644: the runtime reads it. No fsync: the daemon
+    rewrites every spec when it starts after a reboot."""
     try:
         with open(path) as f:
             if f.read() == text:
@@ -52,7 +57,6 @@ def write_spec(spec_dir: str, slug: str, spec: dict) -> bool:
     except OSError:
         pass
     os.makedirs(spec_dir, mode=0o755, exist_ok=True)
-    # 0644: the runtime reads it. No fsync: the daemon rewrites every spec when it starts after a reboot.
     fsutil.write_atomic(path, text.encode(), 0o644)
     return True
 

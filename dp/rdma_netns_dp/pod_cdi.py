@@ -13,24 +13,13 @@ yet removed by its DEL), and that pod's DEL leaves the placeholder alone (not it
 
 from __future__ import annotations
 
-import os
-
-from rdma_netns import fsutil, jsonio
+from rdma_netns import jsonio
 from rdma_netns.pod_cdi import placeholder_spec, spec_path, valid_unit
+from rdma_netns_dp.cdi import write_if_changed
 
 
 def ensure_placeholder(spec_dir: str, kind: str, unit: str, nodes: list[dict]) -> bool:
     """Write the unit's placeholder unless it is already there as is; True when written."""
     if not valid_unit(unit):
         raise ValueError(f"unit ID {unit!r} cannot name a CDI device")
-    path = spec_path(spec_dir, unit)
-    text = jsonio.dumps(placeholder_spec(kind, unit, nodes)) + "\n"
-    try:
-        with open(path) as f:
-            if f.read() == text:
-                return False
-    except OSError:
-        pass
-    os.makedirs(spec_dir, mode=0o755, exist_ok=True)
-    fsutil.write_atomic(path, text.encode(), 0o644)  # the runtime reads it
-    return True
+    return write_if_changed(spec_dir, spec_path(spec_dir, unit), jsonio.dumps(placeholder_spec(kind, unit, nodes)) + "\n")
