@@ -159,6 +159,10 @@ def cmd_add(env: CniEnv, cfg: loader.Config, grant: Grant | None = None) -> dict
                     prev = versions.format_result(cfg.prev_result, versions.LATEST)
                     rail_states = mode.chained_rails(env.ifname, prev, net, cfg.runtime.device_id, granted_ids)
                 state = _new_state(env, net, mode, rail_states)
+                # What ADD will publish is in the first record, so a rollback or DEL removes it
+                # from there (unpublish skips what is not there yet) at no extra state write.
+                state.published = pod_cdi.plan(net.pod_info_dir, net.cdi_spec_dir, net.cdi_kind, env.container_id,
+                                               env.ifname, grant.device_ids if grant is not None else [])
                 store.save(env.container_id, env.ifname, state)
                 faults.point("state-written")
                 try:
@@ -167,8 +171,7 @@ def cmd_add(env: CniEnv, cfg: loader.Config, grant: Grant | None = None) -> dict
                     else:
                         mode.attach_chained(pod_fd, state.rails, prev)
                         result = prev
-                    _publish(env, net, mode, state, result, grant.device_ids if grant is not None else [],
-                             store, pod_fd)
+                    _publish(net, mode, state, result, pod_fd)
                     faults.point("before-ready")
                     _save_ready(store, env, state, result)
                 except BaseException:
@@ -197,18 +200,15 @@ def _save_ready(store: StateStore, env: CniEnv, state: AttachmentState, result: 
         raise
 
 
-def _publish(env: CniEnv, net: NetConfig, mode: modes.Mode, state: AttachmentState, result: dict,
-             units: list[str], store: StateStore, pod_fd: int) -> None:
+def _publish(net: NetConfig, mode: modes.Mode, state: AttachmentState, result: dict, pod_fd: int) -> None:
     """Tell the pod's containers about their rails (pod_cdi.py): the JSON file, and with pairing a
-    CDI spec per granted unit. Recorded in the state before the first file is written; a failure
-    fails the ADD, whose rollback removes what was written."""
-    published = pod_cdi.plan(net.pod_info_dir, net.cdi_spec_dir, net.cdi_kind, env.container_id, env.ifname, units)
+    CDI spec per granted unit, as planned in the state's first record; a failure fails the ADD,
+    whose rollback removes what was written."""
+    published = state.published
     if published is None:
         return
-    state.published = published
-    store.save(env.container_id, env.ifname, state)
     entries = [_rail_entry(rail, result) for rail in state.rails]
-    record = pod_info.record(net.name, env.container_id, env.ifname, mode.name, entries)
+    record = pod_info.record(net.name, state.container_id, state.ifname, mode.name, entries)
     devices = [e["rdmaDevice"] for e in entries if e["rdmaDevice"]]
     nodes: list[dict] = []
     faults.point("publishing")
@@ -280,8 +280,10 @@ def _add_rails(env: CniEnv, cfg: loader.Config, mode: modes.Mode, plan: list[rai
     # lockstep under the node-wide GID order lock, until their GIDs are there: pods then get the same
     # GID index on every rail whose table has the same layout (gid_order.py). Routing comes after.
     has_gids = any(r.rdma is not None for r in plan)  # without an RDMA device no GID to order or wait for
-    with gid_order.Lockstep(net.state_dir, net.lock_timeout, active=has_gids):
-        with netns.inside(pod_fd), NetlinkSocket() as pod_sock:
+    # One entry into the pod for all of it. The GID wait reads sysfs, whose view is the mount's
+    # (the host's, or in exclusive mode the pod view a child mounts), not this thread's netns.
+    with netns.inside(pod_fd), NetlinkSocket() as pod_sock:
+        with gid_order.Lockstep(net.state_dir, net.lock_timeout, active=has_gids):
             for rail in plan:
                 link = rtnl.get_link(pod_sock, rail.ifname)
                 if link is None:
@@ -296,10 +298,9 @@ def _add_rails(env: CniEnv, cfg: loader.Config, mode: modes.Mode, plan: list[rai
                 # Kept so that DEL can still find this rail's policy rules if its interface vanishes.
                 state.rails[i]["addresses"] = [address.address_text() for address, _gw in plan_ip.addresses]
                 faults.point(f"addressed-{i}")
-        gids = _wait_for_gids(plan, addressings, net.gid_wait_ms / 1000, pod_fd if mode.gids_in_pod else None)
-    for rail_state, gid in zip(state.rails, gids):
-        rail_state["gidIndexes"] = gid
-    with netns.inside(pod_fd), NetlinkSocket() as pod_sock:
+            gids = _wait_for_gids(plan, addressings, net.gid_wait_ms / 1000, pod_fd if mode.gids_in_pod else None)
+        for rail_state, gid in zip(state.rails, gids):  # the GID order lock is released: routing needs no order
+            rail_state["gidIndexes"] = gid
         for link, plan_ip in zip(links, addressings):
             _kernel_step(link, addressing.add_routing, pod_sock, link, plan_ip, *_rail_routing(net, link))
     return _result(env, cfg, plan, links, addressings)
