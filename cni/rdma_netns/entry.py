@@ -59,19 +59,24 @@ def run_cni(environ: dict[str, str] | None = None, stdin: bytes | None = None) -
             from rdma_netns import pairing
 
             _emit(pairing.add(env, cfg))
-        else:
-            from rdma_netns import plugin
+        elif env.command == "DEL":
+            from rdma_netns.commands import teardown
 
-            if env.command == "DEL":
-                plugin.cmd_del(env, cfg)
-            elif env.command == "CHECK":
-                plugin.cmd_check(env, cfg)
-            elif env.command == "STATUS":
-                _require_11(cfg.cni_version, "STATUS")
-                plugin.cmd_status(env, cfg)
-            elif env.command == "GC":
-                _require_11(cfg.cni_version, "GC")
-                plugin.cmd_gc(env, cfg)
+            teardown.cmd_del(env, cfg)
+        elif env.command == "CHECK":
+            from rdma_netns.commands import check
+
+            check.cmd_check(env, cfg)
+        elif env.command == "STATUS":
+            _require_11(cfg.cni_version, "STATUS")
+            from rdma_netns.commands import status
+
+            status.cmd_status(env, cfg)
+        elif env.command == "GC":
+            _require_11(cfg.cni_version, "GC")
+            from rdma_netns.commands import gc
+
+            gc.cmd_gc(env, cfg)
         return 0
     except CniError as exc:
         _emit(exc.to_json_dict(error_version))

@@ -97,3 +97,12 @@ def _error_text(proc: execplugin.Finished) -> str:
     except (ValueError, AttributeError):
         text = (proc.stdout or proc.stderr).decode(errors="replace").strip()
         return text[:500] or f"exit {proc.returncode}"
+
+
+def distinct(ipams: list[dict]) -> list[dict]:
+    """Each IPAM config once, in order (STATUS and GC ask each plugin configuration once)."""
+    out: list[dict] = []
+    for conf in ipams:
+        if conf not in out:
+            out.append(conf)
+    return out

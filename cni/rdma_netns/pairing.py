@@ -25,9 +25,9 @@ def add(env: CniEnv, cfg: Config) -> dict:
     grant = granted(env, cfg.net)
     if attaches_nothing(grant, cfg.prev_result is not None, cfg.net.resource_name or ""):
         return attach_nothing(env, cfg)
-    from rdma_netns import plugin
+    from rdma_netns.commands import add as add_command
 
-    return versions.format_result(plugin.cmd_add(env, cfg, grant), cfg.cni_version)
+    return versions.format_result(add_command.cmd_add(env, cfg, grant), cfg.cni_version)
 
 
 def granted(env: CniEnv, net: NetConfig) -> Grant | None:

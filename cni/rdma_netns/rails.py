@@ -9,7 +9,8 @@ so do kubelet's grants in exclusive mode with pairing (pairing.py).
 from __future__ import annotations
 
 from rdma_netns.config.netconf import NetConfig, RailConf
-from rdma_netns.kernel import rdma_sysfs
+from rdma_netns.kernel import rdma_sysfs, rtnl
+from rdma_netns.kernel.netlink import NetlinkSocket
 from rdma_netns.spec.errors import INVALID_CONFIG, NO_RDMA, NOT_GRANTED, RAIL_UNAVAILABLE, CniError
 
 
@@ -126,3 +127,26 @@ def plan(net: NetConfig, cni_ifname: str, device_id: str | None, chained: bool,
         if len(values) != len(set(values)):
             raise CniError(INVALID_CONFIG, f"two rails resolve to the same {what}: {', '.join(values)}")
     return rails
+
+
+def host_parent(sock: NetlinkSocket, rail: Rail, must_be_up: bool) -> rtnl.Link:
+    """The rail's netdev in the host; must_be_up: the mode needs it up (shared: its pods' links
+    follow it)."""
+    link = rtnl.get_link(sock, rail.netdev)
+    if link is None:
+        raise CniError(RAIL_UNAVAILABLE, f"rail netdev {rail.netdev} does not exist in the host namespace")
+    if link.flags & rtnl.IFF_LOOPBACK:
+        raise CniError(RAIL_UNAVAILABLE, f"rail netdev {rail.netdev} is a loopback device, not a NIC")
+    if must_be_up and not link.flags & rtnl.IFF_UP:
+        raise CniError(RAIL_UNAVAILABLE, f"rail netdev {rail.netdev} is down")
+    return link
+
+
+def routing(net: NetConfig, link: rtnl.Link) -> tuple[int, int]:
+    """A rail's routing table and rule priority in the pod.
+
+    The table is derived from the interface's index in the pod, which is unique there, so two
+    attachments (even of different networks) in one pod never share a table, and teardown can
+    find the table again from the link without trusting stored numbers.
+    """
+    return net.route_table_base + link.index, net.rule_priority_base

@@ -74,4 +74,4 @@ def test_add_check_del_import_nothing_heavy_after_the_first_call(node):
     for command, loaded in calls.items():
         assert heavy(loaded) == [], f"{command} loaded {heavy(loaded)}: " + \
             "; ".join(f"{m.split('.')[0]}: {FORBIDDEN.get(m.split('.')[0], 'see README')}" for m in heavy(loaded))
-    assert "rdma_netns.plugin" in calls["ADD"], "the probe ran the real ADD"
+    assert "rdma_netns.commands.add" in calls["ADD"], "the probe ran the real ADD"

@@ -122,7 +122,7 @@ def test_repeated_del_with_a_refused_config_loads_neither_model_nor_plugin(tmp_p
         "rc = entry.run_cni({'CNI_COMMAND': 'DEL', 'CNI_CONTAINERID': 'c1', 'CNI_IFNAME': 'eth0', 'CNI_NETNS': '',"
         " 'CNI_PATH': '/nonexistent'}, sys.argv[1].encode())\n"
         "heavy = [m for m in sys.modules if m.split('.')[0] in ('pydantic', 'ipaddress', 'subprocess')"
-        " or m in ('rdma_netns.plugin', 'rdma_netns.config.model')]\n"
+        " or m.startswith('rdma_netns.commands') or m == 'rdma_netns.config.model']\n"
         "print(json.dumps({'rc': rc, 'heavy': heavy}))\n")
     out = subprocess.run([sys.executable, "-I", "-c", script, json.dumps(raw)], capture_output=True, text=True,
                          check=True).stdout.strip().splitlines()[-1]

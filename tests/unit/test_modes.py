@@ -1,4 +1,4 @@
-"""Modes behind one protocol (issue 15): plugin.py asks a mode's capabilities, never its name."""
+"""Modes behind one protocol (issue 15): the commands ask a mode's capabilities, never its name."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rdma_netns import modes, plugin
+from rdma_netns import commands, modes
 from rdma_netns.config.netconf import NetConfig
 from rdma_netns.kernel import rdma_sysfs
 from rdma_netns.modes.base import Mode
@@ -60,10 +60,13 @@ def test_every_mode_is_a_mode_with_slots():
     assert RdmaDeviceMode().link_kind == modes.RDMA_DEVICE_LINK
 
 
-def test_plugin_never_tests_a_mode_by_name():
-    source = Path(plugin.__file__).read_text()
-    assert not re.search(r"mode(_name)?\.name\s*[!=]=|mode_name\s*[!=]=|== \"(shared|exclusive)\"", source)
-    assert "rdmaOnly" not in source  # the chained RDMA-device-only attachment lives in modes/
+def test_the_commands_never_test_a_mode_by_name():
+    sources = sorted(Path(commands.__file__).parent.glob("*.py"))
+    assert {p.name for p in sources} >= {"add.py", "teardown.py", "check.py", "status.py", "gc.py"}
+    for path in sources:
+        source = path.read_text()
+        assert not re.search(r"mode(_name)?\.name\s*[!=]=|mode_name\s*[!=]=|== \"(shared|exclusive)\"", source), path
+        assert "rdmaOnly" not in source, path  # the chained RDMA-device-only attachment lives in modes/
 
 
 def test_effective_mode_uses_the_one_rule():

@@ -135,7 +135,7 @@ def load_for_teardown(raw: dict) -> Config:
 
 def teardown_network(raw: dict) -> NetConfig:
     """The network name and stateDir from an unvalidated config, checked as the model would,
-    plus the teardown defaults (the state's own recorded settings take precedence in plugin.py).
+    plus the teardown defaults (the state's own recorded settings take precedence in commands/teardown.py).
     A reserved name passes here: an older version may have attached pods under it, and DEL must
     still find their state."""
     name = raw.get("name")

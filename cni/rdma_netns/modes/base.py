@@ -1,7 +1,7 @@
-"""What plugin.py asks of a mode: the protocol every mode implements.
+"""What the commands (commands/) ask of a mode: the protocol every mode implements.
 
 An abstract base with empty __slots__ rather than typing.Protocol: the hot path does not import
-`typing` (about 5 ms), and a base class also states the defaults. plugin.py never tests a mode's
+`typing` (about 5 ms), and a base class also states the defaults. The commands never test a mode's
 name; it reads these capabilities and calls these methods. A new mode is one module here that
 subclasses Mode, plus its entry in modes/__init__.py (select/for_state) and the config model.
 """
