@@ -191,6 +191,8 @@ if [ ! -x "$VENV/bin/python" ]; then
   run "$PYTHON" -m venv "$VENV"
 fi
 say "installing rdma-netns from $SRC into $VENV"
+# setuptools builds in $SRC/build: a stale one would ship modules this checkout no longer has.
+run rm -rf "$SRC/build"
 run "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$SRC"
 run "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --force-reinstall "$SRC"
 

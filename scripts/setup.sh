@@ -27,6 +27,8 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check '.[test]'
-# Always replace the project itself, so the venv runs exactly this checkout.
+# Always replace the project itself, so the venv runs exactly this checkout (setuptools' build/
+# cache would otherwise ship modules this checkout no longer has).
+rm -rf build
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps --force-reinstall .
 echo "setup.sh: ready ($(.venv/bin/rdma-netns --version))"
