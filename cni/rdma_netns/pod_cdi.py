@@ -21,6 +21,7 @@ rollback and GC remove them from the state alone.
 from __future__ import annotations
 
 import os
+from stat import S_ISDIR
 
 from rdma_netns import fsutil, jsonio, pod_info
 
@@ -100,7 +101,7 @@ def _ensure_dir(path: str) -> None:
         os.makedirs(path, mode=0o755, exist_ok=True)
         os.chmod(path, 0o755)  # makedirs' mode is filtered by the umask
         return
-    if not os.path.isdir(path) or os.path.islink(path):
+    if not S_ISDIR(st.st_mode):  # lstat: a symlink is not a folder here
         raise OSError(f"{path} is not a folder (a symlink or file is in the way)")
 
 

@@ -7,7 +7,7 @@ namespace a request runs (a socket acts in the namespace it was created in).
 from __future__ import annotations
 
 import struct
-from _socket import AF_INET, AF_INET6, AF_UNSPEC
+from _socket import AF_INET6, AF_UNSPEC
 
 from rdma_netns.kernel.inet import Prefix
 from rdma_netns.kernel.netlink import (
