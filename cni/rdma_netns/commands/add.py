@@ -9,7 +9,6 @@ import os
 from rdma_netns import addressing, faults, gid_order, ipam, modes, pod_cdi, pod_info, rails
 from rdma_netns.commands import log
 from rdma_netns.commands.pod_netns import open_pod_netns
-from rdma_netns.commands.teardown import rollback, teardown_or_raise
 from rdma_netns.config import loader
 from rdma_netns.config.netconf import NetConfig
 from rdma_netns.grants_client import Grant
@@ -44,6 +43,8 @@ def cmd_add(env: CniEnv, cfg: loader.Config, grant: Grant | None = None) -> dict
                 raise CniError(IFNAME_EXISTS, f"attachment {env.container_id}/{env.ifname} already exists",
                                "DEL it before adding it again")
             log(f"cleaning up an interrupted ADD of {env.container_id}/{env.ifname}")
+            from rdma_netns.commands.teardown import teardown_or_raise  # only for what went wrong
+
             teardown_or_raise(previous, env, cfg)
             store.delete(env.container_id, env.ifname)
         pod_fd = open_pod_netns(env.netns)
@@ -78,6 +79,8 @@ def cmd_add(env: CniEnv, cfg: loader.Config, grant: Grant | None = None) -> dict
                     faults.point("before-ready")
                     _save_ready(store, env, state, result)
                 except BaseException:
+                    from rdma_netns.commands.teardown import rollback  # a successful ADD never loads it
+
                     rollback(state, env, cfg, store)
                     raise
             faults.point("before-result")
