@@ -98,8 +98,9 @@ def fsync_dir(folder: str) -> None:
 def flock_polled(fd: int, deadline: float, max_delay: float) -> int | None:
     """Take an exclusive flock on `fd`, polling (LOCK_NB, then sleeps doubling from 1 ms up to
     `max_delay`) until the monotonic `deadline`, so a caller can give up instead of hanging a
-    runtime. Returns how many tries failed before it was taken (0: at once), or None at the
-    deadline (the fd stays open: the caller closes it). The plugin's lock files use it."""
+    runtime. Returns how many tries failed before it was taken (0: at once). At the deadline
+    it closes `fd` and returns None; on any other error it closes `fd` and raises. The plugin's
+    lock files use it."""
     import fcntl  # here: a call that never locks does not load it
     import time
 
@@ -110,8 +111,10 @@ def flock_polled(fd: int, deadline: float, max_delay: float) -> int | None:
             return failed
         except OSError as exc:
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                os.close(fd)
                 raise
         if time.monotonic() >= deadline:
+            os.close(fd)
             return None
         failed += 1
         time.sleep(delay)

@@ -59,13 +59,7 @@ class Lockstep:
         except OSError as exc:
             _log(f"cannot open {self.path} ({exc.strerror or exc}): GID indexes may differ between rails")
             return self
-        try:
-            failed = fsutil.flock_polled(fd, start + self.timeout, 0.02)
-        except OSError:
-            os.close(fd)
-            raise
-        if failed is None:
-            os.close(fd)
+        if fsutil.flock_polled(fd, start + self.timeout, 0.02) is None:  # fd closed
             _log(f"another call held {self.path} for {self.timeout:.1f} s; going on without it: "
                  "GID indexes may differ between rails")
             return self

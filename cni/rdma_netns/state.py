@@ -245,13 +245,8 @@ class AttachmentLock:
                     raise
                 raise CniError(IO_FAILURE, f"cannot open the lock file {self.path}: "
                                f"{exc.strerror or exc}") from None
-            try:
-                failed = fsutil.flock_polled(fd, start + self.timeout, 0.05)
-            except OSError:
-                os.close(fd)
-                raise
-            if failed is None:
-                os.close(fd)
+            failed = fsutil.flock_polled(fd, start + self.timeout, 0.05)
+            if failed is None:  # fd closed
                 raise CniError(TRY_AGAIN_LATER, f"another invocation holds the lock of {self.what}",
                                f"waited {self.timeout:.1f} s")
             contended = contended or failed > 0
