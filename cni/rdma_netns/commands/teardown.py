@@ -65,7 +65,7 @@ def _state_from_config(env: CniEnv, cfg: loader.Config) -> AttachmentState:
 
 
 def rollback(state: AttachmentState, env: CniEnv, cfg: loader.Config, store: StateStore) -> None:
-    errors = teardown(state, env, cfg, rollback=True)
+    errors = teardown(state, env, cfg, rolling_back=True)
     if errors:  # keep the state: a later DEL retries what is left
         log(f"rollback of {env.container_id}/{env.ifname} incomplete, DEL will finish it: {'; '.join(errors)}")
     else:
@@ -81,7 +81,7 @@ class TeardownErrors(list):
         self.ipam_only = bool(errors) and ipam_failures == len(errors)
 
 
-def teardown(state: AttachmentState, env: CniEnv, cfg: loader.Config, rollback: bool = False) -> TeardownErrors:
+def teardown(state: AttachmentState, env: CniEnv, cfg: loader.Config, rolling_back: bool = False) -> TeardownErrors:
     """Undo an attachment from its state: pod links and rules, then every rail's IPAM allocation.
 
     Goes on past failures so that one stuck rail does not strand the others; returns them.
@@ -114,7 +114,7 @@ def teardown(state: AttachmentState, env: CniEnv, cfg: loader.Config, rollback: 
             os.close(pod_fd)
     ipam_failures = 0
     for rail in state.rails:
-        if not isinstance(rail.get("ipam"), dict) or (rollback and not rail.get("ipamStarted")):
+        if not isinstance(rail.get("ipam"), dict) or (rolling_back and not rail.get("ipamStarted")):
             continue
         try:
             ipam.invoke("DEL", ipam=rail["ipam"], network=state.network or net.name,
@@ -122,7 +122,7 @@ def teardown(state: AttachmentState, env: CniEnv, cfg: loader.Config, rollback: 
                         netns=state.netns or env.netns, ifname=rail["ifname"], cni_path=env.path,
                         timeout=net.ipam_timeout)
         except CniError as exc:
-            if rollback and rail.get("ipamRefused"):
+            if rolling_back and rail.get("ipamRefused"):
                 log(f"IPAM DEL after a refused IPAM ADD failed too (ignored): {exc.msg}")
                 continue
             errors.append(exc.msg)
