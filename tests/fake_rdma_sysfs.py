@@ -7,6 +7,7 @@ Layout (relative to `sys`), with the kernel's relative symlinks:
   class/infiniband/<dev> -> the device folder above
   class/infiniband_verbs/uverbs<N>/ibdev, class/infiniband_mad/{umad,issm}<N>/{ibdev,port}
   class/net/<netdev>, bus/pci/devices/<pci>, module/ib_core/parameters/netns_mode
+  devices/virtual/net/<bond>/{bonding/slaves,lower_<m>}, <member>/{master,upper_<bond>}  (add_bond)
 and `dev`/infiniband/{uverbsN,rdma_cm,umadN,issmN} as plain files.
 
 Devices appear atomically (class symlink made last) and disappear class symlink first.
@@ -19,6 +20,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
 STATES = {"ACTIVE": "4: ACTIVE", "DOWN": "1: DOWN", "INIT": "2: INIT", "ARMED": "3: ARMED"}
 PHYS = {"ACTIVE": "5: LinkUp", "DOWN": "3: Disabled", "INIT": "5: LinkUp", "ARMED": "5: LinkUp"}
 
@@ -215,6 +217,85 @@ class FakeRdmaSysfs:
         self._add_uverbs(dev, self._parent_dir(dev))
         return number
 
+    # --- mlx5's real shape: RoCE LAG bonds and 255-entry GID tables ----------------------------
+    def add_bond(self, name: str, members: list[str]) -> None:
+        """A bonding device over existing netdevs, as drivers/net/bonding links it in sysfs:
+        devices/virtual/net/<bond>/{bonding/slaves,lower_<m>} and each member's master/upper_<bond>."""
+        folder = self.sys / "devices/virtual/net" / name
+        self._add_netdev(folder, name)
+        _write(folder / "bonding/slaves", " ".join(members))
+        _write(folder / "bonding/mode", "802.3ad 4")
+        for member in members:
+            member_dir = (self.sys / "class/net" / member).resolve()
+            _symlink(member_dir, folder / f"lower_{member}")
+            _symlink(folder, member_dir / "master")
+            _symlink(folder, member_dir / f"upper_{name}")
+
+    def add_lag_device(self, name: str, pcis: tuple[str, str], members: tuple[str, str], bond: str, *,
+                       numa_node: int = 0, table: int = 255) -> FakeDevice:
+        """mlx5 under RoCE LAG (drivers/infiniband/hw/mlx5/main.c, lag/): two PF functions with
+        one netdev each, bonded; ONE RDMA device `name` (mlx5_bond_N) under PF0's function, whose
+        net/ folder (and port netdev) is the member PF0's, never the bond; the GID table is
+        filled from the bond and its uppers. The second PF has no RDMA device of its own."""
+        dev = self.add_pci_device(name, pcis[0], members[0], numa_node=numa_node, device="0x101d")
+        pf1 = self.sys / "devices/pci0000:00" / pcis[1]
+        _write(pf1 / "vendor", "0x15b3")
+        _write(pf1 / "device", "0x101d")
+        _write(pf1 / "numa_node", str(numa_node))
+        _symlink(self.sys / "bus/pci/drivers/mlx5_core", pf1 / "driver")
+        _symlink(pf1, self.sys / "bus/pci/devices" / pcis[1])
+        self._add_netdev(pf1 / "net" / members[1], members[1])
+        self.add_bond(bond, list(members))
+        self.mlx5_gid_table(name, table=table, default_ndev=bond)
+        return dev
+
+    def mlx5_gid_table(self, name: str, port: int = 1, *, table: int = 255, default_ndev: str | None = None) -> None:
+        """mlx5's table: `table` entries, two per address (RoCE v1 and v2), the default
+        link-local GID at 0 (v1) and 1 (v2); empty entries read as zeros and have no attributes."""
+        dev = self.devices[name]
+        p = dev.folder / "ports" / str(port)
+        ndev = default_ndev or dev.netdev
+        default = (p / "gids/0").read_text().strip()
+        shutil.rmtree(p / "gids")
+        shutil.rmtree(p / "gid_attrs")
+        for i in range(table):
+            _write(p / f"gids/{i}", ZERO_GID)
+        for i, kind in ((0, "IB/RoCE v1"), (1, "RoCE v2")):
+            self._set_gid(p, i, default, kind, ndev)
+
+    @staticmethod
+    def _set_gid(port_dir: Path, index: int, gid: str, kind: str, ndev: str) -> None:
+        _write(port_dir / f"gids/{index}", gid)
+        _write(port_dir / f"gid_attrs/types/{index}", kind)
+        _write(port_dir / f"gid_attrs/ndevs/{index}", ndev)
+
+    def add_gid(self, name: str, gid: str, ndev: str, port: int = 1) -> int | None:
+        """The kernel's part when an address appears on `ndev`: its GID in the first free entries
+        (v1 then v2 where the table makes v1 GIDs); the v2 index, or None when the table is full
+        (__ib_cache_gid_add: error=-28, the address stays)."""
+        p = self.devices[name].folder / "ports" / str(port)
+        kinds = ["IB/RoCE v1", "RoCE v2"] if (p / "gid_attrs/types/0").read_text().strip() == "IB/RoCE v1" \
+            else ["RoCE v2"]
+        free = [i for i in range(len(list((p / "gids").iterdir()))) if not (p / f"gid_attrs/ndevs/{i}").exists()]
+        if len(free) < len(kinds):
+            return None
+        for index, kind in zip(free, kinds):
+            self._set_gid(p, index, gid, kind, ndev)
+        return free[len(kinds) - 1]
+
+    def remove_gids_of(self, name: str, ndev: str, port: int = 1) -> int:
+        """The address (or interface) went away: its entries are emptied; how many."""
+        p = self.devices[name].folder / "ports" / str(port)
+        gone = 0
+        for path in list((p / "gid_attrs/ndevs").iterdir()):
+            if path.read_text().strip() == ndev and int(path.name) > 1:
+                index = int(path.name)
+                _unlink(path)
+                _unlink(p / f"gid_attrs/types/{index}")
+                _write(p / f"gids/{index}", ZERO_GID)
+                gone += 1
+        return gone
+
     # --- lookups for assertions ---------------------------------------------------------------
     def uverbs_number(self, name: str) -> int:
         return self.devices[name].uverbs
@@ -224,6 +305,26 @@ class FakeRdmaSysfs:
 
     def mad_numbers(self, name: str) -> list[int]:
         return list(self.devices[name].mad)
+
+
+# A Lingjun-style node (Alibaba's topology fixtures: mlx5_bond_0..N, each over two PF netdevs):
+# RoCE LAG cards, each one RDMA device over a bond of its two ports, NUMA-interleaved.
+LINGJUN_LAG = [
+    # name,          PF0 / PF1 PCI,                     members,        bond,    numa
+    ("mlx5_bond_0", ("0000:1a:00.0", "0000:1a:00.1"), ("eth1", "eth2"), "bond0", 0),
+    ("mlx5_bond_1", ("0000:3b:00.0", "0000:3b:00.1"), ("eth3", "eth4"), "bond1", 0),
+    ("mlx5_bond_2", ("0000:86:00.0", "0000:86:00.1"), ("eth5", "eth6"), "bond2", 1),
+    ("mlx5_bond_3", ("0000:af:00.0", "0000:af:00.1"), ("eth7", "eth8"), "bond3", 1),
+]
+
+
+def lingjun_host(root: str | os.PathLike, netns_mode: str | None = "Y", *, cards: int = 4,
+                 table: int = 255) -> FakeRdmaSysfs:
+    """A node with `cards` RoCE LAG cards (mlx5_bond_N over bondN), 255-entry GID tables."""
+    fake = FakeRdmaSysfs(root, netns_mode)
+    for name, pcis, members, bond, numa in LINGJUN_LAG[:cards]:
+        fake.add_lag_device(name, pcis, members, bond, numa_node=numa, table=table)
+    return fake
 
 
 # The standard test host: 8 PCI devices, 4 per NUMA node, interleaved in PCI order, with mixed

@@ -1,7 +1,7 @@
 """Which NICs an attachment uses ("rails"), resolved to host netdevs and RDMA ports.
 
 A rail names its NIC by netdev, rdmaDevice or pciAddress; with no rails configured every
-RDMA-capable netdev on the node is a rail. runtimeConfig.deviceID (a PCI address or an
+RDMA device on the node is a rail (on its bond under RoCE LAG). runtimeConfig.deviceID (a PCI address or an
 auxiliary device name, as device plugins hand them out) narrows the attachment to that NIC, and
 so do kubelet's grants in exclusive mode with pairing (pairing.py).
 """
@@ -32,7 +32,10 @@ def configured_rails(net: NetConfig) -> list[RailConf]:
     """The rail entries of the config, or one per RDMA netdev of the node when none are listed."""
     if net.rails:
         return net.rails
-    found = [RailConf(netdev=nd) for dev in rdma_sysfs.devices() for nd in rdma_sysfs.netdevs_of_device(dev)]
+    # One rail per RDMA device, on the netdev a rail of it uses (its bond under RoCE LAG: one rail
+    # for mlx5_bond_N, never one per member); two devices on one bond make one rail.
+    netdevs = [nds[0] for dev in rdma_sysfs.devices() if (nds := rdma_sysfs.rail_netdevs_of_device(dev))]
+    found = [RailConf(netdev=nd) for nd in dict.fromkeys(netdevs)]
     if not found:
         raise CniError(NO_RDMA, "no rails configured and no RDMA-capable netdev found on this node",
                        "list the NICs under \"rails\" (netdev, rdmaDevice or pciAddress)")
@@ -53,9 +56,15 @@ def pod_ifnames(entries: list[RailConf], cni_ifname: str, chained: bool) -> list
 
 
 def netdev_of(entry: RailConf) -> str:
-    """The host netdev a rail entry names (rdmaDevice and pciAddress resolved through sysfs)."""
+    """The host netdev a rail entry uses (rdmaDevice and pciAddress resolved through sysfs).
+
+    A bond member always resolves to its bond (kernel/rdma_sysfs.py, "bonds"): under RoCE LAG the
+    device's and the PCI function's netdev is a member, which can neither take a sub-interface nor
+    leave the host without breaking the LAG; `netdev: bond0`, `rdmaDevice: mlx5_bond_0` and
+    either member's PCI address are one rail.
+    """
     if entry.netdev:
-        return entry.netdev
+        return rdma_sysfs.rail_netdev(entry.netdev)
     if entry.rdma_device:
         found = rdma_sysfs.netdevs_of_device(entry.rdma_device)
         what = f"RDMA device {entry.rdma_device}"
@@ -64,7 +73,7 @@ def netdev_of(entry: RailConf) -> str:
         what = f"PCI device {entry.pci_address}"
     if not found:
         raise CniError(RAIL_UNAVAILABLE, f"{what} has no netdev in this namespace (missing, or moved elsewhere)")
-    return found[0]
+    return rdma_sysfs.rail_netdev(found[0])
 
 
 def _resolved_netdev(entry: RailConf) -> str | None:
@@ -81,7 +90,8 @@ def narrow(entries: list[RailConf], device_ids: list[str], what: str, absent_cod
     (Multus, the runtime) or kubelet's grants and must not be able to take any interface of the node."""
     chosen: set[int] = set()
     for device_id in device_ids:
-        netdevs = rdma_sysfs.netdevs_of_pci(device_id) or rdma_sysfs.netdevs_of_device(device_id)
+        netdevs = [rdma_sysfs.rail_netdev(nd) for nd in
+                   rdma_sysfs.netdevs_of_pci(device_id) or rdma_sysfs.netdevs_of_device(device_id)]
         hits = [i for i, e in enumerate(entries)
                 if device_id in (e.pci_address, e.rdma_device)
                 or (netdevs and _resolved_netdev(e) in netdevs)]
@@ -118,7 +128,9 @@ def plan(net: NetConfig, cni_ifname: str, device_id: str | None, chained: bool,
         netdev = netdev_of(entry)
         port = rdma_sysfs.device_of_netdev(netdev) if rdma_present else None
         if net.require_rdma and port is None:
-            raise CniError(NO_RDMA, f"rail netdev {netdev} belongs to no RDMA device")
+            members = rdma_sysfs.bond_members(netdev)
+            raise CniError(NO_RDMA, f"rail netdev {netdev} belongs to no RDMA device"
+                           + (f" (none of its bond members {', '.join(members)} is an RDMA port)" if members else ""))
         rails.append(Rail(index=index, ifname=names[index],
                           netdev=netdev, ipam=entry.ipam or net.ipam, mtu=entry.mtu or net.mtu,
                           rdma=port))

@@ -54,6 +54,27 @@ class RdmaPort:
         return f"RdmaPort({self.device!r}, {self.port})"
 
 
+class GidUsage:
+    """A RoCE port's GID table: entries in total, in use, taken per IP address, used by pods."""
+
+    __slots__ = ("total", "used", "per_address", "in_pods")
+
+    def __init__(self, total: int, used: int, per_address: int, in_pods: int = 0) -> None:
+        self.total, self.used, self.per_address, self.in_pods = total, used, per_address, in_pods
+
+    @property
+    def free_addresses(self) -> int:
+        """How many more IP addresses the table can turn into GIDs."""
+        return max(0, self.total - self.used) // self.per_address
+
+    @property
+    def full(self) -> bool:
+        return self.free_addresses == 0
+
+    def __repr__(self) -> str:
+        return f"GidUsage(used={self.used}/{self.total}, per_address={self.per_address}, in_pods={self.in_pods})"
+
+
 class GidEntry:
     __slots__ = ("index", "gid", "gid_type", "ndev")
 
@@ -140,11 +161,49 @@ class RdmaSysfs:
         return []
 
     def device_of_netdev(self, netdev: str) -> RdmaPort | None:
-        """The RDMA device and port whose netdev is `netdev`, if any."""
+        """The RDMA device and port whose netdev is `netdev`, if any; for a bond or any of its
+        members, the device of one of the members (RoCE LAG: mlx5_bond_N reports PF0's port)."""
+        rail = self.rail_netdev(netdev)
+        candidates = {netdev, rail, *self.bond_members(rail)}
         for device in self.device_names():
-            if netdev in self.netdevs_of_device(device):
+            if candidates.intersection(self.netdevs_of_device(device)):
                 return RdmaPort(device, (self.ports(device) or [1])[0])
         return None
+
+    # --- bonds (RoCE LAG) -----------------------------------------------------------------------
+    # Under LAG mlx5 registers one RDMA device (mlx5_bond_N) for both ports of a card; its
+    # function's net/ folder and its port netdev name a member (a PF netdev), while the bond is the
+    # netdev that carries the addresses, and the kernel fills the GID table from the bond and every
+    # device stacked on it. A member cannot take a macvlan/ipvlan (EBUSY) nor leave the host
+    # without breaking the LAG, so every rail on a bonded port is the bond. Soft-RoCE made on a
+    # bond member reproduces the shape (its `parent` names the member).
+    def bond_of(self, netdev: str) -> str | None:
+        """The bond `netdev` is a member of (its `master` is a bonding device), else None."""
+        try:
+            master = os.path.basename(os.readlink(f"{self.root}/class/net/{netdev}/master"))
+        except OSError:
+            return None
+        return master if self.is_bond(master) else None
+
+    def is_bond(self, netdev: str) -> bool:
+        return os.path.isdir(f"{self.root}/class/net/{netdev}/bonding")
+
+    def bond_members(self, netdev: str) -> list[str]:
+        """A bond's members in the bonding driver's order ([] for anything else)."""
+        if not self.is_bond(netdev):
+            return []
+        text = _read(f"{self.root}/class/net/{netdev}/bonding/slaves")
+        if text:
+            return text.split()
+        return sorted(name[6:] for name in _list(f"{self.root}/class/net/{netdev}") if name.startswith("lower_"))
+
+    def rail_netdev(self, netdev: str) -> str:
+        """The netdev a rail on `netdev` uses: its bond when it is a bond member, else itself."""
+        return self.bond_of(netdev) or netdev
+
+    def rail_netdevs_of_device(self, device: str) -> list[str]:
+        """The netdevs rails of an RDMA device use: its netdevs, each replaced by its bond."""
+        return list(dict.fromkeys(self.rail_netdev(nd) for nd in self.netdevs_of_device(device)))
 
     def netdevs_of_pci(self, address: str) -> list[str]:
         for bus in ("pci", "auxiliary"):
@@ -208,14 +267,17 @@ class RdmaSysfs:
         return found
 
     # --- GIDs -----------------------------------------------------------------------------------
-    def find_gid(self, port: RdmaPort, ip: Prefix, limit: int = 256) -> GidEntry | None:
-        """The RoCE v2 GID entry for `ip` on `port`, found by content (indexes vary by layout)."""
+    def find_gid(self, port: RdmaPort, ip: Prefix, limit: int | None = None) -> GidEntry | None:
+        """The RoCE v2 GID entry for `ip` on `port`, found by content (indexes vary by layout).
+        The whole table by default: on Soft-RoCE (1024 entries) a busy node's pods sit beyond 256."""
         want = gid_text(ip)
         base = f"{self.root}/class/infiniband/{port.device}/ports/{port.port}"
         try:
-            count = min(limit, len(os.listdir(f"{base}/gids")))
+            count = len(os.listdir(f"{base}/gids"))
         except OSError:
             return None
+        if limit is not None:
+            count = min(limit, count)
         for index in range(count):
             if _read(f"{base}/gids/{index}") != want:
                 continue
@@ -238,6 +300,48 @@ class RdmaSysfs:
                 out.append(GidEntry(index, gid, _read(f"{base}/gid_attrs/types/{index}") or "",
                                     _read(f"{base}/gid_attrs/ndevs/{index}") or ""))
         return out
+
+    def gid_usage(self, port: RdmaPort) -> GidUsage | None:
+        """How full a RoCE port's GID table is, read from sysfs; None when it has no table here.
+
+        An entry is in use when its gid_attrs/ndevs file answers (the kernel refuses the read of an
+        empty entry); reading only that file keeps a pass at one read per entry (255 on mlx5, 1024
+        on rxe). Entries per address: 2 when the port also makes RoCE v1 GIDs (mlx5, whose reserved
+        default GID takes indexes 0 and 1), else 1 (rxe, RoCE v2 only). `in_pods`: entries whose
+        netdev is not in this namespace (the pods' interfaces; the host's own addresses are not).
+        """
+        base = f"{self.root}/class/infiniband/{port.device}/ports/{port.port}"
+        try:
+            total = len(os.listdir(f"{base}/gids"))
+        except OSError:
+            return None
+        here = set(_list(f"{self.root}/class/net"))
+        used = in_pods = 0
+        for index in range(total):
+            ndev = _read(f"{base}/gid_attrs/ndevs/{index}")
+            if ndev is None:
+                continue
+            used += 1
+            if ndev not in here:
+                in_pods += 1
+        types = {_read(f"{base}/gid_attrs/types/{i}") for i in (0, 1)}
+        return GidUsage(total, used, 2 if "IB/RoCE v1" in types else 1, in_pods)
+
+    def missing_gid_facts(self, device: str, port: int, address: str) -> dict:
+        """What a port has when the GID of `address` did not appear (plain data: it may be read in
+        a child with a pod's sysfs view): its table's use, and the address's entries of another
+        GID type (mlx5 with RoCE v2 off makes only v1)."""
+        rdma_port = RdmaPort(device, port)
+        usage = self.gid_usage(rdma_port)
+        want = gid_text(Prefix.parse(address))
+        base = f"{self.root}/class/infiniband/{device}/ports/{port}"
+        other = []
+        if usage is not None:
+            other = [_read(f"{base}/gid_attrs/types/{i}") or "?" for i in range(usage.total)
+                     if _read(f"{base}/gids/{i}") == want]
+        return {"total": usage.total if usage else 0, "used": usage.used if usage else 0,
+                "perAddress": usage.per_address if usage else 1, "full": bool(usage and usage.full),
+                "otherTypes": other}
 
     def wait_for_gids(self, wanted: list[tuple[str, int, str]], timeout: float) -> list[int | None]:
         """For each (device, port, address text): the index of its RoCE v2 GID, polled until found or
@@ -312,8 +416,24 @@ def pci_address_of_device(device: str) -> str | None:
     return default.pci_address_of_device(device)
 
 
-def find_gid(port: RdmaPort, ip: Prefix, limit: int = 256) -> GidEntry | None:
+def find_gid(port: RdmaPort, ip: Prefix, limit: int | None = None) -> GidEntry | None:
     return default.find_gid(port, ip, limit)
+
+
+def gid_usage(port: RdmaPort) -> GidUsage | None:
+    return default.gid_usage(port)
+
+
+def rail_netdev(netdev: str) -> str:
+    return default.rail_netdev(netdev)
+
+
+def rail_netdevs_of_device(device: str) -> list[str]:
+    return default.rail_netdevs_of_device(device)
+
+
+def bond_members(netdev: str) -> list[str]:
+    return default.bond_members(netdev)
 
 
 def gids(port: RdmaPort, limit: int = 16) -> list[GidEntry]:
