@@ -46,11 +46,22 @@ def parse_ipam_result(result: dict, ifname: str) -> RailAddressing:
     return out
 
 
-def prepare_sysctls(ifname: str, needs_ipv6: bool) -> None:
-    """IPv6 on (pods often start with it disabled), no router adverts, keep addresses on link down."""
+def prepare_sysctls(ifname: str, needs_ipv6: bool, link_local: bool = False) -> None:
+    """IPv6 on (pods often start with it disabled), no router adverts, keep addresses on link down;
+    and no link-local address unless asked for.
+
+    Every address of a rail interface becomes a GID of the rail's RDMA port, and mlx5 takes two
+    entries (RoCE v1 and v2) of a 255-entry table per address: the EUI-64 link-local address the
+    kernel adds at link up would halve the pods a rail can wire (62 instead of 126). RoCE and NCCL
+    use the pod's own address; so addr_gen_mode 1 ("none"), set before the link goes up, unless
+    the config says "linkLocal": true. Set for IPv4-only rails too, whose IPv6 is often on.
+    """
+    has_ipv6 = os.path.isdir(f"/proc/sys/net/ipv6/conf/{ifname}")
+    if has_ipv6 and not link_local:
+        sysctl.set_ipv6_conf(ifname, "addr_gen_mode", "1")
     if not needs_ipv6:
         return
-    if not os.path.isdir(f"/proc/sys/net/ipv6/conf/{ifname}"):
+    if not has_ipv6:
         raise CniError(IPAM_FAILED, "IPv6 is disabled in this kernel (no /proc/sys/net/ipv6), "
                                     f"but {ifname} was given an IPv6 address")
     sysctl.set_ipv6_conf(ifname, "disable_ipv6", "0")
@@ -58,21 +69,22 @@ def prepare_sysctls(ifname: str, needs_ipv6: bool) -> None:
     sysctl.set_ipv6_conf(ifname, "keep_addr_on_down", "1")
 
 
-def configure(sock: NetlinkSocket, link: rtnl.Link, plan: RailAddressing, table: int, priority: int) -> None:
+def configure(sock: NetlinkSocket, link: rtnl.Link, plan: RailAddressing, table: int, priority: int,
+              link_local: bool = False) -> None:
     """Bring the link up and give it its addresses, its routing table and its source rules.
 
     The three steps are separate functions so that ADD can run the GID-producing ones (link up,
     addresses) for all rails in lockstep under the node-wide GID order lock (gid_order.py) and
     the routing outside it.
     """
-    bring_up(sock, link, plan)
+    bring_up(sock, link, plan, link_local)
     add_addresses(sock, link, plan)
     add_routing(sock, link, plan, table, priority)
 
 
-def bring_up(sock: NetlinkSocket, link: rtnl.Link, plan: RailAddressing) -> None:
-    """Sysctls, then link up: with IPv6 on, the kernel adds the link-local address (a GID)."""
-    prepare_sysctls(link.name, any(a.version == 6 for a, _ in plan.addresses))
+def bring_up(sock: NetlinkSocket, link: rtnl.Link, plan: RailAddressing, link_local: bool = False) -> None:
+    """Sysctls, then link up: with link_local the kernel then adds the link-local address (a GID)."""
+    prepare_sysctls(link.name, any(a.version == 6 for a, _ in plan.addresses), link_local)
     rtnl.set_link_up(sock, link.index)
 
 

@@ -46,6 +46,27 @@ def test_add_gives_the_pod_a_macvlan_with_usable_ipv6(node):
     assert pod_sysctl(pod, "net1", "disable_ipv6") == "0"
 
 
+def _link_local(node, pod: str, ifname: str) -> list[str]:
+    out = ipj("-6", "-n", pod, "address", "show", "dev", ifname)
+    return [a["local"] for a in out[0]["addr_info"] if a.get("scope") == "link"] if out else []
+
+
+def test_rail_interfaces_get_no_link_local_address_unless_asked(node):
+    """Each address is a GID (two entries of mlx5's 255 per address): a link-local one per rail
+    would halve the pods a rail can wire, so the kernel is told not to make one (addr_gen_mode 1)."""
+    pod = node.pod()
+    node.cni("ADD", node.conf(rails=2), pod).ok()
+    for ifname in ("rdma0", "rdma1"):
+        assert pod_sysctl(pod, ifname, "addr_gen_mode") == "1"
+        assert _link_local(node, pod, ifname) == []
+        assert len(node.addresses(pod, ifname)) == 1
+    asked = node.pod()
+    node.cni("ADD", node.conf(rails=2, linkLocal=True), asked, container_id="c2").ok()
+    for ifname in ("rdma0", "rdma1"):
+        assert pod_sysctl(asked, ifname, "addr_gen_mode") == "0"
+        assert _link_local(node, asked, ifname), f"{ifname}: linkLocal true keeps the kernel's fe80:: address"
+
+
 def test_per_rail_table_and_source_rule(node):
     pod = node.pod()
     conf = node.conf(rails=2)

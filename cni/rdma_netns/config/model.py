@@ -21,6 +21,7 @@ from rdma_netns.config.loader import (
     RUNTIME_KEYS,
     TEARDOWN_DEFAULTS,
 )
+from rdma_netns.config.netconf import DEFAULT_GID_WAIT_MS
 from rdma_netns.spec.env import valid_ifname
 
 NETWORK_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.\-]*\Z")
@@ -91,7 +92,8 @@ class NetConf(Strict):
     rails: list[Rail] | None = Field(default=None, min_length=1, max_length=64)
     ipam: Ipam | None = None
     requireRdma: bool = True
-    gidWaitMs: int = Field(default=500, ge=0, le=30000)
+    gidWaitMs: int = Field(default=DEFAULT_GID_WAIT_MS, ge=0, le=30000)
+    linkLocal: bool = False  # an IPv6 link-local address (a GID) on each rail interface
     # Defaults shared with DEL's fallback for a config it cannot validate (loader.TEARDOWN_DEFAULTS).
     routeTableBase: int = Field(default=TEARDOWN_DEFAULTS["routeTableBase"], ge=1, le=2**31 - 64)
     rulePriorityBase: int = Field(default=TEARDOWN_DEFAULTS["rulePriorityBase"], ge=1, le=32000)

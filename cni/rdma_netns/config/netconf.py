@@ -12,6 +12,12 @@ from __future__ import annotations
 # the model's defaults (model.py takes them from here, so the two cannot drift apart).
 TEARDOWN_DEFAULTS = {"routeTableBase": 100, "rulePriorityBase": 1000, "ipamTimeoutSeconds": 30.0,
                      "lockTimeoutSeconds": 10.0, "link": "macvlan", "linkMode": None}
+# How long ADD waits for a rail address's GID. Soft-RoCE adds it within milliseconds; mlx5 writes
+# each entry with a firmware command, queued on the RDMA core's one ordered work queue for the
+# whole node (roce_gid_mgmt.c, "gid-cache-wq"), so a burst of pods on 8 rails waits behind every
+# other rail's entries. The wait ends as soon as the GID is there: a long bound costs only an ADD
+# that fails anyway, and that one now says why (table full, or what the port has instead).
+DEFAULT_GID_WAIT_MS = 3000
 
 
 class RailConf:
@@ -33,7 +39,7 @@ class RailConf:
 class NetConfig:
     """One network's settings (names as in the JSON config, in snake case)."""
 
-    __slots__ = ("name", "type", "mode", "link", "link_mode", "rails", "ipam", "require_rdma", "gid_wait_ms",
+    __slots__ = ("name", "type", "mode", "link", "link_mode", "rails", "ipam", "require_rdma", "gid_wait_ms", "link_local",
                  "route_table_base", "rule_priority_base", "ipam_timeout", "lock_timeout", "mtu", "state_dir",
                  "dns", "resource_name", "pod_resources_socket", "pod_resources_timeout_ms",
                  "pod_grants_socket", "pod_info_dir", "cdi_spec_dir", "cdi_kind", "source")
@@ -50,7 +56,8 @@ class NetConfig:
         self.rails: list[RailConf] | None = [RailConf.from_dict(r) for r in rails] if rails else None
         self.ipam: dict | None = d.get("ipam")
         self.require_rdma: bool = d.get("requireRdma", True)
-        self.gid_wait_ms: int = d.get("gidWaitMs", 500)
+        self.gid_wait_ms: int = d.get("gidWaitMs", DEFAULT_GID_WAIT_MS)
+        self.link_local: bool = d.get("linkLocal", False)
         self.route_table_base: int = d.get("routeTableBase", TEARDOWN_DEFAULTS["routeTableBase"])
         self.rule_priority_base: int = d.get("rulePriorityBase", TEARDOWN_DEFAULTS["rulePriorityBase"])
         self.ipam_timeout: float = d.get("ipamTimeoutSeconds", TEARDOWN_DEFAULTS["ipamTimeoutSeconds"])
