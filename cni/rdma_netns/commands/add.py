@@ -188,8 +188,8 @@ def _add_rails(env: CniEnv, cfg: loader.Config, mode: modes.Mode, plan: list[rai
                     raise CniError(KERNEL_REJECTED, f"{rail.ifname} vanished from the pod right after it was created")
                 links.append(link)
             for link, plan_ip in zip(links, addressings):
-                _kernel_step(link, addressing.bring_up, pod_sock, link, plan_ip)
-            if has_gids:
+                _kernel_step(link, addressing.bring_up, pod_sock, link, plan_ip, net.link_local)
+            if has_gids and net.link_local:
                 gid_order.wait_for_link_local(pod_sock, links, net.gid_wait_ms / 1000)
             for i, (link, plan_ip) in enumerate(zip(links, addressings)):
                 _kernel_step(link, addressing.add_addresses, pod_sock, link, plan_ip)
@@ -234,11 +234,44 @@ def _wait_for_gids(plan: list[rails.Rail], addressings: list[addressing.RailAddr
     found: list[list[int]] = [[] for _ in plan]
     for (device, port, address, rail_index), index in zip(wanted, indexes):
         if index is None:
-            rail = plan[rail_index]
-            raise CniError(NO_RDMA, f"no RoCE v2 GID for {address} appeared on {device} port {port} "
-                           f"(rail {rail.ifname} on {rail.netdev})", "is the netdev really the RoCE port of that device?")
+            raise _missing_gid(plan[rail_index], device, port, address, timeout, pod_view_fd)
         found[rail_index].append(index)
     return found
+
+
+def _missing_gid(rail: rails.Rail, device: str, port: int, address: str, timeout: float,
+                 pod_view_fd: int | None) -> CniError:
+    """The error for a GID that did not appear, saying why as far as sysfs can tell: a full
+    table (the kernel keeps the address and only logs error=-28), another GID type, or nothing."""
+    def facts() -> dict:
+        return rdma_sysfs.default.missing_gid_facts(device, port, address)
+
+    try:
+        if pod_view_fd is None:
+            seen = facts()
+        else:
+            from rdma_netns.kernel import netns_sysfs
+
+            seen = netns_sysfs.call_in_pod_view(pod_view_fd, facts)
+    except (OSError, ValueError):
+        seen = {}
+    where = f"{device} port {port} (rail {rail.ifname} on {rail.netdev})"
+    table = f"{seen.get('used', '?')}/{seen.get('total', '?')} entries used, {seen.get('perAddress', '?')} per address"
+    if seen.get("full"):
+        return CniError(NO_RDMA, f"GID table of {device} port {port} is full ({table}): the kernel kept "
+                        f"{address} on rail {rail.ifname} but could not make it a GID",
+                        "the node's pods use every entry of this port: wire fewer pods to it (the device "
+                        "plugin stops offering units when a table fills), and leave \"linkLocal\" off "
+                        "(a link-local address per rail takes entries too); rdma-netns devices shows each "
+                        "port's use")
+    if seen.get("otherTypes"):
+        return CniError(NO_RDMA, f"{address} is a GID of {where} only as {', '.join(seen['otherTypes'])}, not "
+                        f"RoCE v2 ({table})", "enable RoCE v2 on the port (mlx5: cma_roce_mode / devlink)")
+    return CniError(NO_RDMA, f"no GID for {address} appeared on {where} within {timeout * 1000:.0f} ms; the "
+                    f"port has {table}, none for this address",
+                    f"the kernel fills {device}'s table from its own netdev, its bond, and the interfaces "
+                    f"stacked on them: is {rail.netdev} one of those? (rdma-netns devices lists each device's "
+                    "netdev and bond); a slow device may need a longer \"gidWaitMs\"")
 
 
 def _result(env: CniEnv, cfg: loader.Config, plan: list[rails.Rail], links: list[rtnl.Link],

@@ -13,16 +13,29 @@ import errno
 import time
 
 from rdma_netns import faults
-from rdma_netns.kernel import rtnl
+from rdma_netns.kernel import rdma_sysfs, rtnl
 from rdma_netns.kernel.netlink import NetlinkError, NetlinkSocket
 from rdma_netns.modes.base import Mode
 from rdma_netns.rails import Rail
-from rdma_netns.spec.errors import IFNAME_EXISTS, INVALID_CONFIG, KERNEL_REJECTED, CniError
+from rdma_netns.spec.errors import IFNAME_EXISTS, INVALID_CONFIG, KERNEL_REJECTED, RAIL_UNAVAILABLE, CniError
 
 # Link kinds a NIC handed to a pod can have: none for PCI functions, veth in tests. Kinds that
 # copy a parent's MAC (vlan, macvlan, ipvlan) are never mistaken for the NIC.
 PHYSICAL_KINDS = ("", "veth")
 NIC_RETURN_WAIT = 5.0  # seconds DEL waits for a physical NIC from a deleted pod namespace
+
+
+def bond_refused(rail: Rail) -> CniError:
+    """Exclusive mode cannot hand a pod a bond rail (RoCE LAG): the kernel refuses to move a bond
+    to another namespace (bonding sets NETIF_F_NETNS_LOCAL), and moving a member instead breaks the
+    LAG and takes the LAG's RDMA device (mlx5_bond_N) away with it."""
+    members = rdma_sysfs.bond_members(rail.netdev)
+    device = f", RDMA device {rail.rdma.device}" if rail.rdma else ""
+    return CniError(RAIL_UNAVAILABLE, f"rail {rail.netdev} is a bond (over {', '.join(members) or 'no members'}"
+                    f"{device}): exclusive mode moves a rail's netdev into the pod, and the kernel never moves a "
+                    "bond to another namespace; moving a member would break the LAG",
+                    "use shared mode for RoCE LAG rails (RDMA netns mode shared; \"mode\": \"shared\"): each "
+                    "pod gets a macvlan or ipvlan of the bond")
 
 
 class ExclusiveMode(Mode):
@@ -35,6 +48,8 @@ class ExclusiveMode(Mode):
 
     def prepare(self, rail: Rail, parent: rtnl.Link) -> dict:
         """What DEL needs to put the NIC back exactly, recorded before anything moves."""
+        if parent.kind == "bond":
+            raise bond_refused(rail)
         return {"hostName": parent.name, "hostMac": parent.mac, "hostUp": bool(parent.flags & rtnl.IFF_UP),
                 "hostKind": parent.kind, "rdmaDevice": rail.rdma.device if rail.rdma else None}
 
