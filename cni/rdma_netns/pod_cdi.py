@@ -5,7 +5,8 @@ a container user can read it) and, with pairing, one CDI spec per granted unit,
 `<cdiSpecDir>/rdma-netns-pod-<unit>.json`: kubelet hands the runtime the name `<cdiKind>=<unit>`
 (the device plugin's Allocate) and the runtime reads the spec when it creates each container,
 which is after the pod's network exists. The spec sets the env, bind-mounts the JSON file
-read-only at pod_info.RAILS_FILE and adds the rails' RDMA char devices.
+read-only at pod_info.RAILS_FILE and the NCCL settings (`<ifname>.nccl.conf` beside it) at
+pod_info.NCCL_CONF, and adds the rails' RDMA char devices.
 
 CDI version 0.5.0 and no annotations: Podman 4.3 (and every runtime on the CDI library before
 v0.6) refuses a 0.6.0 spec, and a 0.5.0 spec with `annotations`, as unresolvable. A spec's
@@ -66,11 +67,22 @@ def device_nodes(devices: list[str], uverbs: dict[str, list], dev_root: str = ""
             for n in names + [RDMA_CM]]
 
 
+def nccl_conf_path(info_file: str) -> str:
+    """The attachment's NCCL settings file, beside its JSON file (so DEL and GC find it from that)."""
+    return info_file.removesuffix(".json") + ".nccl.conf"
+
+
 def build_spec(kind: str, unit: str, info_file: str, env: dict[str, str], nodes: list[dict]) -> dict:
-    edits: dict[str, object] = {"env": [f"{k}={v}" for k, v in sorted(env.items())]}
+    """The unit's container edits: env (but NCCL's settings, mounted as NCCL's own file so the pod
+    spec's values win: pod_info.NCCL_CONF), the char devices, the JSON file."""
+    nccl, rest = pod_info.split_env(env)
+    edits: dict[str, object] = {"env": [f"{k}={v}" for k, v in sorted(rest.items())]}
     if nodes:
         edits["deviceNodes"] = nodes
     edits["mounts"] = [{"hostPath": info_file, "containerPath": pod_info.RAILS_FILE, "options": ["ro", "bind"]}]
+    if nccl:
+        edits["mounts"].append({"hostPath": nccl_conf_path(info_file), "containerPath": pod_info.NCCL_CONF,
+                                "options": ["ro", "bind"]})
     return {"cdiVersion": CDI_VERSION, "kind": kind, "devices": [{"name": unit, "containerEdits": edits}]}
 
 
@@ -111,6 +123,9 @@ def publish(published: dict, record: dict, nodes: list[dict]) -> None:
     _ensure_dir(os.path.dirname(os.path.dirname(info)))
     _ensure_dir(os.path.dirname(info))
     fsutil.write_atomic(info, (jsonio.dumps(record) + "\n").encode(), 0o644)
+    nccl, _rest = pod_info.split_env(record["env"])
+    if published.get("cdiSpecs") and nccl:  # read only through the specs' mount
+        fsutil.write_atomic(nccl_conf_path(info), pod_info.nccl_conf(nccl).encode(), 0o644)
     for spec in published.get("cdiSpecs") or []:
         _ensure_dir(os.path.dirname(spec["path"]))
         content = build_spec(published.get("cdiKind") or "rdma-netns.io/pod", spec["unit"], info,
@@ -136,10 +151,11 @@ def unpublish(published: object) -> list[str]:
         except OSError as exc:
             errors.append(f"cannot remove CDI spec {path}: {exc.strerror or exc}")
     if isinstance(info, str) and info:
-        try:
-            fsutil.remove(info)
-        except OSError as exc:
-            errors.append(f"cannot remove {info}: {exc.strerror or exc}")
+        for path in (nccl_conf_path(info), info):
+            try:
+                fsutil.remove(path)
+            except OSError as exc:
+                errors.append(f"cannot remove {path}: {exc.strerror or exc}")
         _remove_empty(os.path.dirname(info))
     return errors
 
@@ -167,11 +183,14 @@ def sweep(pod_info_dir: str, spec_dir: str, network: str, keep: set[tuple[str, s
             value = fsutil.read_json(path)
             if not isinstance(value, dict) or value.get("network") != network or (container_id, ifname) in keep:
                 continue
-            try:
-                fsutil.remove(path)
-                removed.append(path)
-            except OSError:
-                pass
+            for stale in (nccl_conf_path(path), path):
+                if not os.path.lexists(stale):
+                    continue
+                try:
+                    fsutil.remove(stale)
+                    removed.append(stale)
+                except OSError:
+                    pass
         _remove_empty(folder)
     prefix = f"{pod_info_dir}/"
     for name in _listdir(spec_dir):

@@ -18,6 +18,13 @@ from rdma_netns.kernel.rdma_sysfs import gid_text
 
 VERSION = 1
 RAILS_FILE = "/etc/rdma-netns/rails.json"  # where the CDI spec mounts the JSON file in a container
+# Where the CDI spec mounts the NCCL settings. NCCL reads /etc/nccl.conf (after NCCL_CONF_FILE or
+# ~/.nccl.conf) and applies each NAME=value line with setenv(..., 0): a variable the pod spec sets
+# wins. CDI's env edits would replace it instead (the runtime applies them last), so NCCL_* go
+# here and only what no framework reads from a file stays in the env edits.
+NCCL_CONF = "/etc/nccl.conf"
+# Never published: the fabric's QoS and timeouts (NCCL_IB_TC, NCCL_IB_SL, NCCL_IB_TIMEOUT, ...)
+# belong to the admin and the job (Lingjun: NCCL_IB_TC=136, NCCL_IB_SL=5).
 
 
 def rail_entry(ifname: str, netdev: str | None, addresses: list[str], rdma_device: str | None,
@@ -78,6 +85,18 @@ def environment(rails: list[dict], rails_file: str = RAILS_FILE) -> dict[str, st
                 env["NCCL_IB_ADDR_RANGE"] = str(span)
     env["RDMA_NETNS_RAILS_FILE"] = rails_file
     return env
+
+
+def split_env(env: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(NCCL's settings, for NCCL_CONF; the rest, for the container environment)."""
+    nccl = {k: v for k, v in env.items() if k.startswith("NCCL_")}
+    return nccl, {k: v for k, v in env.items() if k not in nccl}
+
+
+def nccl_conf(nccl: dict[str, str]) -> str:
+    """NCCL's file format: NAME=value per line (a line without '=' is skipped by every version)."""
+    lines = ["# rdma-netns: this pod's rails; a variable set in the pod spec wins over a line here"]
+    return "\n".join(lines + [f"{k}={v}" for k, v in sorted(nccl.items())]) + "\n"
 
 
 def record(network: str, container_id: str, ifname: str, mode: str, rails: list[dict],

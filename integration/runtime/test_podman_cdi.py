@@ -34,7 +34,22 @@ pytestmark = pytest.mark.netns
 
 CDI_DIR = "/var/run/cdi"
 SHOW = ("env | grep -E '^(NCCL|UCX|RDMA_NETNS)_' | sort; echo ---; cat /etc/rdma-netns/rails.json; echo ---; "
-        "ls -l /dev/infiniband; echo ---; ip -6 -o addr show scope global")
+        "ls -l /dev/infiniband; echo ---; ip -6 -o addr show scope global; echo ---; cat /etc/nccl.conf")
+# A Lingjun job's own settings in the pod spec (Alibaba PAI's advice): the fabric's QoS, and an HCA
+# filter of its own. They must reach the process as the pod spec says.
+POD_SPEC_ENV = {"NCCL_IB_TC": "136", "NCCL_IB_SL": "5", "NCCL_IB_HCA": "mlx5"}
+
+
+def nccl_view(env: dict[str, str], conf_text: str) -> dict[str, str]:
+    """The settings NCCL ends up with: its initEnv() applies /etc/nccl.conf line by line with
+    setenv(name, value, 0) (src/misc/param.cc), so a variable already in the environment stays."""
+    out = dict(env)
+    for line in conf_text.splitlines():
+        if line.startswith("#") or "=" not in line:
+            continue
+        name, value = line.split("=", 1)
+        out.setdefault(name, value)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -80,13 +95,19 @@ def test_podman_run_with_the_pods_cdi_device_sees_env_json_and_devices(podman, n
     try:
         rig.cni("ADD", conf, pod, extra_env=k8s_args("trainer")).ok()
         record = json.loads(rig.info("c1").read_text())
+        pod_spec = [arg for k, v in POD_SPEC_ENV.items() for arg in ("-e", f"{k}={v}")]
         proc = podman.podman("run", "--rm", "--network", f"ns:{node.netns_path(pod)}", "--device", f"{kind}={unit}",
-                             IMAGE, "sh", "-c", SHOW, check=False)
+                             *pod_spec, IMAGE, "sh", "-c", SHOW, check=False)
         assert proc.returncode == 0, f"podman refused the CNI's CDI spec: {proc.stderr}"
-        env_text, json_text, devices, addresses = proc.stdout.split("---\n")
+        env_text, json_text, devices, addresses, nccl_text = proc.stdout.split("---\n")
         seen = dict(line.split("=", 1) for line in env_text.splitlines())
-        assert seen == record["env"]
-        assert seen["NCCL_IB_GID_INDEX"] == "3" and seen["NCCL_IB_HCA"] == "=rxe0:1,rxe1:1"
+        published = {k: v for k, v in record["env"].items() if not k.startswith("NCCL_")}
+        assert seen == published | POD_SPEC_ENV, "the env edits carry no NCCL_*: the pod spec's reach the process"
+        nccl = nccl_view(seen, nccl_text)
+        assert nccl["NCCL_IB_GID_INDEX"] == "3" and nccl["NCCL_SOCKET_IFNAME"] == "=rdma0,rdma1"
+        assert nccl["NCCL_IB_HCA"] == "mlx5", "the pod spec's value wins over the published one"
+        assert (nccl["NCCL_IB_TC"], nccl["NCCL_IB_SL"]) == ("136", "5"), "the fabric's QoS untouched"
+        assert not any(k in nccl_text for k in ("NCCL_IB_TC", "NCCL_IB_SL", "NCCL_IB_TIMEOUT"))
         assert json.loads(json_text) == record, "the mounted file is the pod's record"
         for name in uverbs + ["rdma_cm"]:
             line = next(ln for ln in devices.splitlines() if ln.endswith(f" {name}"))

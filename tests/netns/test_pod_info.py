@@ -133,9 +133,17 @@ def test_paired_add_publishes_a_cdi_spec_per_granted_unit_with_the_pods_gid_inde
         (device,) = spec["devices"]
         edits = device["containerEdits"]
         assert device["name"] == unit
-        assert sorted(edits["env"]) == sorted(f"{k}={v}" for k, v in env.items())
+        # NCCL's settings go in NCCL's own file, so that the pod spec's NCCL_* win (NCCL applies
+        # its file with setenv(..., 0)); the env edits carry the rest.
+        assert sorted(edits["env"]) == sorted(f"{k}={v}" for k, v in env.items() if not k.startswith("NCCL_"))
+        nccl_file = rig.info("c1").with_name("rdma0.nccl.conf")
         assert edits["mounts"] == [{"hostPath": str(rig.info("c1")), "containerPath": "/etc/rdma-netns/rails.json",
+                                    "options": ["ro", "bind"]},
+                                   {"hostPath": str(nccl_file), "containerPath": "/etc/nccl.conf",
                                     "options": ["ro", "bind"]}]
+        lines = [ln for ln in nccl_file.read_text().splitlines() if "=" in ln]
+        assert sorted(lines) == sorted(f"{k}={v}" for k, v in env.items() if k.startswith("NCCL_"))
+        assert stat.S_IMODE(nccl_file.stat().st_mode) == 0o644
         dev = rig.fake.dev
         assert edits["deviceNodes"] == [
             {"path": f"/dev/infiniband/uverbs{n}", "hostPath": f"{dev}/infiniband/uverbs{n}", "permissions": "rw"}
@@ -145,7 +153,7 @@ def test_paired_add_publishes_a_cdi_spec_per_granted_unit_with_the_pods_gid_inde
     assert [s["unit"] for s in state["published"]["cdiSpecs"]] == ["hca-0007", "hca-0009"]
     rig.cni("DEL", conf, pod).ok()
     assert not rig.spec("hca-0007").exists() and not rig.spec("hca-0009").exists()
-    assert not rig.info("c1").exists()
+    assert not rig.info("c1").exists() and not rig.info("c1").parent.exists(), "DEL removes both files"
 
 
 def test_unequal_indexes_leave_the_gid_index_to_nccl_within_the_pods_addresses(rig):

@@ -99,3 +99,23 @@ def test_config_keys_defaults_and_validation():
                        ("cdiKind", "rdma-netns.io/p.od"), ("cdiKind", "-x.io/pod")):
         with pytest.raises(ValidationError):
             model.validate({**base, key: value})
+
+
+FABRIC_OWNED = ("NCCL_IB_TC", "NCCL_IB_SL", "NCCL_IB_TIMEOUT", "NCCL_IB_RETRY_CNT", "NCCL_IB_PCI_RELAXED_ORDERING",
+                "UCX_IB_TRAFFIC_CLASS", "UCX_IB_SL", "UCX_RC_TIMEOUT", "UCX_RC_RETRY_COUNT")
+
+
+def test_the_fabrics_settings_are_never_published():
+    """Traffic class, service level and timeouts are the fabric's QoS (Lingjun: NCCL_IB_TC=136,
+    NCCL_IB_SL=5): whatever the rails look like, the published settings leave them to the job."""
+    for specs in ([("rdma0", ["fd00:1::5/64"], "mlx5_bond_0", 3), ("rdma1", ["fd00:2::5/64"], "mlx5_bond_1", 3)],
+                  [("rdma0", ["fd00:1::5/64"], "mlx5_bond_0", 3), ("rdma1", ["fd00:2::6/64"], "mlx5_bond_1", 4)],
+                  [("rdma0", ["10.0.0.5/24"], "mlx5_0", None)]):
+        env = pod_info.record("net", "cid", "eth0", "shared", rails(*specs))["env"]
+        assert not set(env) & set(FABRIC_OWNED)
+        nccl, rest = pod_info.split_env(env)
+        assert all(k.startswith("NCCL_") for k in nccl) and not any(k.startswith("NCCL_") for k in rest)
+        text = pod_info.nccl_conf(nccl)
+        assert [ln for ln in text.splitlines() if "=" in ln] == [f"{k}={v}" for k, v in sorted(nccl.items())]
+        assert all("=" not in ln for ln in text.splitlines() if ln.startswith("#")), \
+            "old NCCL versions do not skip '#' lines: a comment must not look like NAME=value"
