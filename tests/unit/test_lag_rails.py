@@ -135,3 +135,18 @@ def test_a_gid_of_another_type_only_is_named(lag):
     (bond_rail,) = rails.plan(net(rails=[rail(netdev="bond0")]), "rdma0", None, chained=True)
     err = _missing_gid(bond_rail, "mlx5_bond_0", 1, "fd00:1::9", 3.0, None)
     assert "only as IB/RoCE v1, not RoCE v2" in err.msg
+
+
+def test_the_shipped_lag_entry_resolves_to_the_lag_devices(lag, tmp_path):
+    """conf/rdma-netns-chained-entry-lag.json (the README's Lingjun entry) on a 4-card LAG node."""
+    import json
+
+    from rdma_netns.config import loader
+    from tests.conftest import REPO
+
+    entry = json.loads((REPO / "conf" / "rdma-netns-chained-entry-lag.json").read_text())
+    cfg = loader.load({"cniVersion": "1.1.0", "name": "k8s-pod-network", **entry, "stateDir": str(tmp_path)})
+    assert (cfg.net.link, cfg.net.link_mode, cfg.net.link_local) == ("ipvlan", "l2", False)
+    plan = rails.plan(cfg.net, "eth0", None, chained=True)
+    assert [(r.ifname, r.netdev, r.rdma.device) for r in plan] == [
+        (f"rdma{i}", f"bond{i}", f"mlx5_bond_{i}") for i in range(4)]
