@@ -150,3 +150,18 @@ def test_the_shipped_lag_entry_resolves_to_the_lag_devices(lag, tmp_path):
     plan = rails.plan(cfg.net, "eth0", None, chained=True)
     assert [(r.ifname, r.netdev, r.rdma.device) for r in plan] == [
         (f"rdma{i}", f"bond{i}", f"mlx5_bond_{i}") for i in range(4)]
+
+
+def test_a_virtio_nic_is_found_by_its_pci_address(tmp_path, monkeypatch):
+    """virtio-net puts its netdev one level down (<pci>/virtioN/net/<netdev>): the guest's NICs,
+    and cloud VMs'; a bond over them resolves from either member's PCI address."""
+    fake = FakeRdmaSysfs(tmp_path)
+    pci = fake.sys / "devices/pci0000:00/0000:00:0a.0"
+    fake._add_netdev(pci / "virtio8/net/enp0s10", "enp0s10")
+    (fake.sys / "bus/pci/devices/0000:00:0a.0").symlink_to(pci)
+    fake.add_soft_device("rxeb", "enp0s10")
+    fake.add_bond("bond0", ["enp0s10"])
+    monkeypatch.setattr(rdma_sysfs.default, "root", str(fake.sys))
+    assert rdma_sysfs.netdevs_of_pci("0000:00:0a.0") == ["enp0s10"]
+    (only,) = rails.plan(net(rails=[rail(pciAddress="0000:00:0a.0")]), "net1", None, chained=False)
+    assert (only.netdev, only.rdma) == ("bond0", RdmaPort("rxeb", 1))

@@ -206,11 +206,19 @@ class RdmaSysfs:
         return list(dict.fromkeys(self.rail_netdev(nd) for nd in self.netdevs_of_device(device)))
 
     def netdevs_of_pci(self, address: str) -> list[str]:
+        """The netdevs of a PCI or auxiliary function: its net/ folder (mlx5, ice, ...), or that of
+        a child device for drivers that put the netdev one level down (virtio-net: <pci>/virtioN/net)."""
         for bus in ("pci", "auxiliary"):
+            base = f"{self.root}/bus/{bus}/devices/{address}"
             try:
-                return sorted(os.listdir(f"{self.root}/bus/{bus}/devices/{address}/net"))
+                return sorted(os.listdir(f"{base}/net"))
             except OSError:
-                continue
+                pass
+            for child in _list(base):
+                if child.startswith("virtio"):
+                    found = _list(f"{base}/{child}/net")
+                    if found:
+                        return found
         return []
 
     def device_by_id(self, device_id: str) -> str | None:
