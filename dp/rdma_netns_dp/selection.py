@@ -16,7 +16,8 @@ def matches(device: RdmaDevice, selectors: Selectors) -> bool:
     """True when every non-empty selector list matches the device (OR within a list)."""
     if selectors.rdmaDevices and not _any_glob([device.name], selectors.rdmaDevices):
         return False
-    if selectors.netdevs and not _any_glob(device.netdevs, selectors.netdevs):
+    # netdevs: its own, or under RoCE LAG its bond's or the bond's members' (bond0 picks mlx5_bond_0)
+    if selectors.netdevs and not _any_glob(device.related_netdevs, selectors.netdevs):
         return False
     if selectors.vendors and device.vendor not in selectors.vendors:
         return False

@@ -19,7 +19,7 @@ import pytest
 from rdma_netns.admin import cli, devices
 from rdma_netns.kernel import rdma_sysfs
 from rdma_netns.kernel.inet import Prefix
-from tests.fake_rdma_sysfs import FakeRdmaSysfs
+from tests.fake_rdma_sysfs import FakeRdmaSysfs, lingjun_host
 
 MAC_A, MAC_B = "02:aa:00:00:00:01", "02:bb:00:00:00:02"
 
@@ -152,3 +152,62 @@ def test_cli_json_in_this_namespace(tree):
 def test_cli_refuses_a_silly_limit():
     with pytest.raises(SystemExit):
         cli.main(["devices", "--max-gids", "0"])
+
+
+# --- RoCE LAG (issue 20): mlx5_bond_N's netdev is a member of the bond that carries the addresses
+@pytest.fixture
+def lag(tmp_path, monkeypatch) -> FakeRdmaSysfs:
+    """Two LAG cards; on mlx5_bond_0 two pods' addresses (ndev rdma0) beside the bond's default GID."""
+    import rdma_netns.kernel.rdma_nldev as nldev
+
+    class Refused:  # no NETLINK_RDMA here: ports from sysfs, netdev = the member mlx5 reports
+        def __enter__(self):
+            raise OSError(93, "Protocol not supported")
+
+        def __exit__(self, *exc):
+            return False
+
+    fake = lingjun_host(tmp_path, cards=2)
+    fake.add_gid("mlx5_bond_0", POD_A, "rdma0")
+    fake.add_gid("mlx5_bond_0", POD_B, "rdma0")
+    monkeypatch.setattr(nldev, "RdmaNetlink", Refused)
+    monkeypatch.setattr(rdma_sysfs.default, "root", str(fake.sys))
+    monkeypatch.setattr(devices, "local_gids", lambda: {})
+    return fake
+
+
+def test_lag_rows_name_the_bond_and_how_full_each_table_is(lag):
+    rows = devices.collect()
+    assert [(r["device"], r["netdev"], r["bond"], r["bondMembers"]) for r in rows] == [
+        ("mlx5_bond_0", "eth1", "bond0", ["eth1", "eth2"]), ("mlx5_bond_1", "eth3", "bond1", ["eth3", "eth4"])]
+    assert [(r["gidsUsed"], r["gidsTotal"], r["gidEntriesPerAddress"]) for r in rows] == [(6, 255, 2), (2, 255, 2)]
+    assert json.loads(json.dumps(rows)) == rows, "JSON-able, as --json prints it"
+
+
+def test_a_gid_on_the_bond_is_the_hosts(lag):
+    first = devices.collect()[0]
+    assert [(g["index"], g["ndev"], g["owner"]) for g in first["gids"]] == [
+        (0, "bond0", "host"), (1, "bond0", "host"), (2, "rdma0", "other"), (3, "rdma0", "other"),
+        (4, "rdma0", "other"), (5, "rdma0", "other")]
+
+
+def test_lag_table_shows_bond_members_and_gid_fill(lag):
+    text = devices.table(devices.collect())
+    header, first, second = text.splitlines()[:3]
+    assert header.split() == ["DEVICE", "PORT", "STATE", "NETDEV", "PCI", "GIDS", "NAMESPACE"]
+    assert first.split()[:7] == ["mlx5_bond_0", "1", "ACTIVE", "bond0", "(eth1+eth2)", "0000:1a:00.0", "6/255"]
+    assert "bond1 (eth3+eth4)" in second and "2/255" in second
+    assert first.index("0000:1a:00.0") == header.index("PCI"), "columns stay aligned"
+
+
+def test_without_a_bond_the_row_is_as_before(tree, monkeypatch):
+    port = tree.devices["rxe0"].folder / "ports/1"
+    for kind in ("ndevs", "types"):  # the freed slot as the kernel shows it: no attributes to read
+        (port / f"gid_attrs/{kind}/4").unlink()
+    monkeypatch.setattr(rdma_sysfs.default, "root", str(tree.sys))
+    monkeypatch.setattr(devices, "local_gids", lambda: {})
+    monkeypatch.setattr(devices, "_ports_here", lambda: [("rxe0", 1, "ACTIVE", "v0")])
+    (row,) = devices.collect()
+    assert (row["bond"], row["bondMembers"], row["gidsUsed"], row["gidsTotal"], row["gidEntriesPerAddress"]) == (
+        None, [], 6, 7, 1)
+    assert devices.table([row]).splitlines()[1].split()[3:6] == ["v0", "-", "6/7"]

@@ -5,7 +5,11 @@ whole GID table (the host's entries and every pod's), and the index of the pod's
 per pod and per device. So each port lists the current namespace's own GIDs first, then the
 others marked as the host's or another namespace's. An entry is this namespace's when its ndev
 names an interface here and its GID is one of that interface's addresses (or its EUI-64
-link-local address); "host" when its ndev is the device's own netdev; else another namespace's.
+link-local address); "host" when its ndev is the device's own netdev (or, under RoCE LAG, its
+bond, which carries the host's addresses); else another namespace's.
+
+Each port also shows how full its GID table is (a full table silently takes no new address:
+mlx5 has 255 entries, 2 per address), and under RoCE LAG the bond its netdev is a member of.
 
 In exclusive mode a device is visible only in the namespace that holds it, so the listing
 visits every named namespace (/var/run/netns) as well as the host's.
@@ -68,15 +72,34 @@ def owner(entry: rdma_sysfs.GidEntry, local: dict[str, set[str]], device_netdevs
 def port_gids(sysfs: rdma_sysfs.RdmaSysfs, device: str, port: int, local: dict[str, set[str]],
               limit: int = DEFAULT_GID_LIMIT) -> list[dict]:
     """A port's GID entries with their owner, this namespace's first (then by index)."""
-    netdevs = sysfs.netdevs_of_device(device)
+    netdevs = [*sysfs.netdevs_of_device(device), *sysfs.rail_netdevs_of_device(device)]
     rows = [{"index": g.index, "gid": g.gid, "type": g.gid_type, "ndev": g.ndev,
              "owner": owner(g, local, netdevs)}
             for g in sysfs.gids(rdma_sysfs.RdmaPort(device, port), limit)]
     return sorted(rows, key=lambda r: (r["owner"] != SELF, r["index"]))
 
 
-def _gid_lists(keys: list[tuple[str, int]], local: dict[str, set[str]], limit: int) -> list[list[dict]]:
-    return [port_gids(rdma_sysfs.default, dev, port, local, limit) for dev, port in keys]
+def bond_facts(sysfs: rdma_sysfs.RdmaSysfs, netdev: str | None) -> dict:
+    """The bond a port's netdev is a member of (or is), and its members; None and [] otherwise."""
+    bond = sysfs.rail_netdev(netdev) if netdev else None
+    if bond is None or not sysfs.is_bond(bond):
+        return {"bond": None, "bondMembers": []}
+    return {"bond": bond, "bondMembers": sysfs.bond_members(bond)}
+
+
+def gid_table_facts(sysfs: rdma_sysfs.RdmaSysfs, device: str, port: int) -> dict:
+    """How full a port's GID table is (whole table: the limit bounds only the listing)."""
+    usage = sysfs.gid_usage(rdma_sysfs.RdmaPort(device, port))
+    if usage is None:
+        return {"gidsUsed": None, "gidsTotal": None, "gidEntriesPerAddress": None}
+    return {"gidsUsed": usage.used, "gidsTotal": usage.total, "gidEntriesPerAddress": usage.per_address}
+
+
+def _port_facts(keys: list[tuple[str, int, str | None]], local: dict[str, set[str]], limit: int) -> list[dict]:
+    """Per port: its bond, GID table fill and GID entries, all read through one sysfs view."""
+    sysfs = rdma_sysfs.default
+    return [{**bond_facts(sysfs, netdev), **gid_table_facts(sysfs, dev, port),
+             "gids": port_gids(sysfs, dev, port, local, limit)} for dev, port, netdev in keys]
 
 
 def _ports_here() -> list[tuple[str, int, str, str | None]]:
@@ -100,14 +123,14 @@ def _rows_here(namespace: str, view_fd: int | None, limit: int) -> list[dict]:
         local = local_gids()
     except OSError:
         local = {}
-    keys = [(dev, port) for dev, port, _state, _nd in ports]
+    keys = [(dev, port, netdev) for dev, port, _state, netdev in ports]
     if view_fd is None:
-        gid_lists = _gid_lists(keys, local, limit)
+        facts = _port_facts(keys, local, limit)
     else:
-        gid_lists = netns_sysfs.call_in_pod_view(view_fd, lambda: _gid_lists(keys, local, limit))
+        facts = netns_sysfs.call_in_pod_view(view_fd, lambda: _port_facts(keys, local, limit))
     return [{"device": dev, "port": port, "state": state, "netdev": netdev,
-             "pci": rdma_sysfs.pci_address_of_device(dev), "namespace": namespace, "gids": gids}
-            for (dev, port, state, netdev), gids in zip(ports, gid_lists)]
+             "pci": rdma_sysfs.pci_address_of_device(dev), "namespace": namespace, **fact}
+            for (dev, port, state, netdev), fact in zip(ports, facts)]
 
 
 def collect(limit: int = DEFAULT_GID_LIMIT) -> list[dict]:
@@ -134,13 +157,26 @@ def collect(limit: int = DEFAULT_GID_LIMIT) -> list[dict]:
     return rows
 
 
+def netdev_text(row: dict) -> str:
+    """The NETDEV column: the netdev, or under RoCE LAG its bond and members: bond0 (eth1+eth2)."""
+    if row.get("bond"):
+        return f"{row['bond']} ({'+'.join(row['bondMembers'])})"
+    return row["netdev"] or "-"
+
+
+def gids_text(row: dict) -> str:
+    """The GIDS column: entries used/total, 6/255."""
+    return "-" if row.get("gidsTotal") is None else f"{row['gidsUsed']}/{row['gidsTotal']}"
+
+
 def table(rows: list[dict]) -> str:
     if not rows:
         return "no RDMA devices (or no RDMA subsystem) on this node"
-    out = [f"{'DEVICE':<12} {'PORT':>4} {'STATE':<8} {'NETDEV':<12} {'PCI':<14} NAMESPACE"]
+    width = max(12, *(len(netdev_text(r)) for r in rows))
+    out = [f"{'DEVICE':<12} {'PORT':>4} {'STATE':<8} {'NETDEV':<{width}} {'PCI':<14} {'GIDS':<9} NAMESPACE"]
     for r in rows:
-        out.append(f"{r['device']:<12} {r['port']:>4} {r['state']:<8} {r['netdev'] or '-':<12} "
-                   f"{r['pci'] or '-':<14} {r['namespace']}")
+        out.append(f"{r['device']:<12} {r['port']:>4} {r['state']:<8} {netdev_text(r):<{width}} "
+                   f"{r['pci'] or '-':<14} {gids_text(r):<9} {r['namespace']}")
     for r in rows:
         out.append("")
         out.append(f"{r['device']} port {r['port']} GIDs (own first):")

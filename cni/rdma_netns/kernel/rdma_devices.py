@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rdma_netns.kernel.rdma_sysfs import RdmaSysfs
+from rdma_netns.kernel.rdma_sysfs import RdmaSysfs, port_word
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,16 @@ class RdmaDevice:
     numa_node: int | None
     uverbs: CharDevice | None
     mad: tuple[CharDevice, ...] = field(default=())   # umadN and issmN of its ports
+    # RoCE LAG: the bond its netdev is a member of (mlx5_bond_N names a member, eth1, while the
+    # bond, bond0, carries the addresses and so the rails), and that bond's members.
+    bond: str | None = None
+    bond_members: tuple[str, ...] = field(default=())
+    node_type: str | None = None  # "CA" (InfiniBand, RoCE), "RNIC" (iWARP): sysfs node_type
+
+    @property
+    def iwarp(self) -> bool:
+        """iWARP: Ethernet link layer, but one MAC-based GID, never one per address."""
+        return self.node_type == "RNIC"
 
     @property
     def healthy(self) -> bool:
@@ -57,6 +67,11 @@ class RdmaDevice:
     @property
     def link_types(self) -> set[str]:
         return {p.link_layer.lower() for p in self.ports}
+
+    @property
+    def related_netdevs(self) -> tuple[str, ...]:
+        """Its netdevs, its bond and the bond's members: every name an admin may know it by."""
+        return tuple(dict.fromkeys((*self.netdevs, *((self.bond,) if self.bond else ()), *self.bond_members)))
 
     @property
     def stable_id(self) -> str:
@@ -87,9 +102,27 @@ class DeviceSysfs(RdmaSysfs):
         ports = tuple(PortInfo(p, *self.port_status(name, p)) for p in self.ports(name))
         pci, vendor, device_id, driver, numa = self.function_of_device(name)
         uverbs = _chars(verbs)
-        return RdmaDevice(name=name, ports=ports, netdevs=tuple(self.netdevs_of_device(name)),
+        netdevs = tuple(self.netdevs_of_device(name))
+        bond = self._bond_of_netdevs(netdevs)
+        return RdmaDevice(name=name, ports=ports, netdevs=netdevs,
                           pci_address=pci, vendor=vendor, device_id=device_id, driver=driver,
-                          numa_node=numa, uverbs=uverbs[0] if uverbs else None, mad=_chars(mad))
+                          numa_node=numa, uverbs=uverbs[0] if uverbs else None, mad=_chars(mad),
+                          bond=bond, bond_members=tuple(self.bond_members(bond)) if bond else (),
+                          node_type=self.node_type(name))
+
+    def node_type(self, device: str) -> str | None:
+        """'CA', 'RNIC', ... from sysfs's '1: CA'; None when unreadable."""
+        try:
+            with open(f"{self.root}/class/infiniband/{device}/node_type") as f:
+                return port_word(f.read()) or None
+        except OSError:
+            return None
+
+    def _bond_of_netdevs(self, netdevs: tuple[str, ...]) -> str | None:
+        """The bond a device's rails use: its netdev's master (RoCE LAG), or the netdev itself
+        when that is a bond (Soft-RoCE made on one)."""
+        rails = (self.rail_netdev(netdev) for netdev in netdevs)
+        return next((rail for rail in rails if self.is_bond(rail)), None)
 
     def fresh_char_devices(self, names: list[str]) -> dict[str, tuple[CharDevice | None, tuple[CharDevice, ...]]]:
         """uverbs and umad/issm of each named device, read now: the kernel renumbers them after a move."""
