@@ -33,7 +33,7 @@ class Selectors(_Strict):
     """Which RDMA devices a resource takes. Every non-empty list must match (globs allowed)."""
 
     rdmaDevices: list[str] = Field(default_factory=list)
-    netdevs: list[str] = Field(default_factory=list)
+    netdevs: list[str] = Field(default_factory=list)  # a device's netdev, its bond or a bond member
     vendors: list[str] = Field(default_factory=list)
     deviceIDs: list[str] = Field(default_factory=list)
     drivers: list[str] = Field(default_factory=list)
@@ -61,6 +61,10 @@ class ResourceConfig(_Strict):
     # a hostNetwork pod, which gets no ADD) a devices-only placeholder written here resolves it.
     podCdi: bool = False
     podCdiKind: str = "rdma-netns.io/pod"  # the CNI config's cdiKind (the same default)
+    # Shared mode: IP addresses a pod puts on each rail: 1 by default; 2 when the CNI config sets
+    # linkLocal: true or IPAM hands two addresses. Each takes 1 (rxe) or 2 (mlx5: RoCE v1 and v2)
+    # GID entries, and no more units are Healthy than the rails' GID tables can still wire.
+    addressesPerPod: int = Field(1, ge=1, le=16)
 
     @field_validator("name")
     @classmethod

@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from rdma_netns import fsutil
 from rdma_netns.kernel.rdma_devices import DeviceSysfs, RdmaDevice
+from rdma_netns.kernel.rdma_sysfs import GidUsage, RdmaPort
 from rdma_netns_dp import away, cdi, kernel_mode
 from rdma_netns_dp.cni_state import device_netns
 from rdma_netns_dp.config import DevicePluginConfig
@@ -33,14 +34,17 @@ class Daemon:
                                        config.cdi.enabled, config.registration, cdi_spec_dir=config.cdi.specDir)
                         for pool in self.pools]
         self._last_blocked: str | None = None
+        self._last_gid_units: dict[str, int | None] = {}  # resource -> GID capacity last logged
         self.pod_grants: PodGrantsServer | None = None
         # exclusive + CDI: each device as last seen on the host, and, while it is away in a pod,
         # with the char devices the kernel gives it there (the CDI entry stays and follows them)
         self._last_seen: dict[str, RdmaDevice] = {}
 
     def poll(self) -> None:
-        """One discovery pass; cheap (a few sysfs reads per device)."""
+        """One discovery pass: a few sysfs reads per device, plus in shared mode one per GID
+        table entry of the selected RoCE ports."""
         devices = self.sysfs.devices()
+        gids = self.read_gids(devices)
         blocked = kernel_mode.mismatch(self.mode, self.sysfs)
         if blocked != self._last_blocked:
             (log.error if blocked else log.info)(blocked or "kernel RDMA netns mode now matches",
@@ -55,7 +59,9 @@ class Daemon:
                 for d in devices:
                     self._last_seen[d.name] = d
         for pool in self.pools:
-            if pool.update(devices, set(in_pods), blocked):
+            changed = pool.update(devices, set(in_pods), blocked, gids)
+            self.log_gid_capacity(pool)
+            if changed:
                 _, units = pool.snapshot()
                 log.info("devices", extra={"resource": pool.resource.name, "devices": len(units),
                                            "healthy": sum(u.healthy for u in units),
@@ -67,6 +73,27 @@ class Daemon:
                 if cdi.write_spec(self.config.cdi.specDir, pool.resource.slug, spec):
                     log.info("CDI spec written", extra={"path": cdi.spec_path(self.config.cdi.specDir,
                                                                               pool.resource.slug)})
+
+    def read_gids(self, devices: list[RdmaDevice]) -> dict[RdmaPort, GidUsage]:
+        """GID table usage of every port a pool is bounded by, read before any pool's lock."""
+        ports = dict.fromkeys(p for pool in self.pools for p in pool.gid_ports(devices))
+        return {p: usage for p in ports if (usage := self.sysfs.gid_usage(p)) is not None}
+
+    def log_gid_capacity(self, pool: Pool) -> None:
+        """Once per change of how many units the GID tables allow; a warning while that caps
+        the resource below sharedUnits."""
+        capacity = pool.gid_capacity
+        units = capacity.units if capacity else None
+        name = pool.resource.name
+        if not pool.shared or (name in self._last_gid_units and self._last_gid_units[name] == units):
+            return
+        self._last_gid_units[name] = units
+        if capacity is None:
+            log.info("no GID table to bound the units by", extra={"resource": name})
+            return
+        capped = capacity.units < pool.resource.sharedUnits
+        (log.warning if capped else log.info)(capacity.describe(), extra={
+            "resource": name, "gid_capacity": capacity.units, "shared_units": pool.resource.sharedUnits})
 
     def away_devices(self, pool: Pool, in_pods: dict[str, str]) -> list[RdmaDevice]:
         """Devices of `pool` away in pods, as the CDI spec must describe them now: a container of
@@ -101,13 +128,20 @@ class Daemon:
         status = {"time": time.time(), "pid": os.getpid(), "mode": self.mode,
                   "blocked": self._last_blocked,
                   "podGrantsSocket": self.pod_grants.socket_path if self.pod_grants else None,
-                  "resources": {p.pool.resource.name: {"registered": p.registered,
-                                                       "devices": len(p.pool.units),
-                                                       "healthy": p.pool.healthy_count()}
-                                for p in self.plugins}}
+                  "resources": {p.pool.resource.name: self.resource_health(p) for p in self.plugins}}
         folder = os.path.dirname(path) or "."
         os.makedirs(folder, exist_ok=True)
         fsutil.write_atomic(path, json.dumps(status).encode(), 0o644)  # a probe may read it as any user
+
+    @staticmethod
+    def resource_health(plugin: ResourcePlugin) -> dict:
+        """A resource's line in the health file; a shared one's gidCapacity says what the GID
+        tables allow (None when no table was read), so an admin sees why units are Unhealthy."""
+        pool = plugin.pool
+        status = {"registered": plugin.registered, "devices": len(pool.units), "healthy": pool.healthy_count()}
+        if pool.shared:
+            status["gidCapacity"] = pool.gid_capacity.as_json() if pool.gid_capacity else None
+        return status
 
     def run(self) -> int:
         log.info("starting", extra={"mode": self.mode, "resources": [r.name for r in self.config.resources],

@@ -1,9 +1,13 @@
-"""GetPreferredAllocation for exclusive mode: keep a pod's RDMA devices on as few NUMA nodes as
+"""GetPreferredAllocation. Exclusive mode: keep a pod's RDMA devices on as few NUMA nodes as
 possible, so its rails sit next to the GPUs the topology manager puts on the same node.
 
 Devices must_include come first (kubelet requires them); then we fill from the NUMA nodes those
 already use, then from the node with the most free devices (so a whole pod fits on one node
 whenever it can); ties are broken by ID order, which follows PCI (and so rail) order.
+
+Shared mode: the lowest-numbered units. The GID cap (inventory.py) makes the highest-numbered
+units Unhealthy first; kubelet otherwise picks free units at random, and a pod holding a unit
+beyond the cap would leave one more Healthy unit free than the GID tables can wire.
 """
 
 from __future__ import annotations
@@ -40,3 +44,11 @@ def preferred(available: list[str], must_include: list[str], size: int,
 
 def _order(node: int | None) -> int:
     return -1 if node is None else node
+
+
+def lowest_units(available: list[str], must_include: list[str], size: int, order: dict[str, int]) -> list[str]:
+    """must_include, then the free units lowest in the pool's order (not the IDs' text order:
+    hca-10000 sorts before hca-1001)."""
+    chosen = list(dict.fromkeys(must_include))
+    free = sorted((i for i in dict.fromkeys(available) if i not in chosen), key=lambda i: order.get(i, len(order)))
+    return (chosen + free)[:max(size, len(chosen))]

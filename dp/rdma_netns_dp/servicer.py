@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
+from functools import partial
 
 import grpc
 
@@ -13,7 +14,7 @@ from rdma_netns_dp import pod_cdi
 from rdma_netns_dp.allocation import AllocationError, ContainerGrant, grant, pod_cdi_nodes
 from rdma_netns_dp.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from rdma_netns_dp.inventory import HEALTHY, UNHEALTHY, Pool, Unit, UnknownDevice
-from rdma_netns_dp.preferred import preferred
+from rdma_netns_dp.preferred import lowest_units, preferred
 
 log = logging.getLogger("rdma_netns_dp.servicer")
 
@@ -46,8 +47,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         self.stopping = threading.Event()
 
     def options(self) -> api_pb2.DevicePluginOptions:
-        return api_pb2.DevicePluginOptions(pre_start_required=False,
-                                           get_preferred_allocation_available=not self.pool.shared)
+        return api_pb2.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
 
     def GetDevicePluginOptions(self, request, context):
         return self.options()
@@ -67,11 +67,12 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             yield api_pb2.ListAndWatchResponse(devices=[device_message(u) for u in units])
 
     def GetPreferredAllocation(self, request, context):
-        numa = self.pool.numa_of()
+        """Exclusive: fewest NUMA nodes; shared: the lowest-numbered units (preferred.py)."""
         response = api_pb2.PreferredAllocationResponse()
+        choose = (partial(lowest_units, order=self.pool.unit_order()) if self.pool.shared
+                  else partial(preferred, numa_of=self.pool.numa_of()))
         for req in request.container_requests:
-            ids = preferred(list(req.available_deviceIDs), list(req.must_include_deviceIDs),
-                            req.allocation_size, numa)
+            ids = choose(list(req.available_deviceIDs), list(req.must_include_deviceIDs), req.allocation_size)
             response.container_responses.add(deviceIDs=ids)
         return response
 

@@ -211,12 +211,18 @@ def test_dp_shared_advertises_the_real_rxe_devices_and_allocates_their_uverbs(la
     dp = start_dp("shared", {"rdmaDevices": [f"rxe{lab.tag}*"]})
     conn = dp.connect()
     assert conn.options.pre_start_required is False
-    assert conn.options.get_preferred_allocation_available is False
+    # shared too: the lowest-numbered units first, so pods hold the ones the GID cap keeps Healthy
+    assert conn.options.get_preferred_allocation_available is True
     first = conn.latest
     assert first.ids() == [f"hca-{i:04d}" for i in range(1000)]
     assert set(first.health().values()) == {"Healthy"}, dp.log()
     status = dp.health()
+    capacity = status["resources"][RESOURCE].pop("gidCapacity")
     assert status["resources"][RESOURCE] == {"registered": True, "devices": 1000, "healthy": 1000}
+    # Soft-RoCE's real tables: 1024 entries, one per address; a few taken by the host's addresses
+    assert sorted(p["device"] for p in capacity["ports"]) == sorted([a, b])
+    assert all((p["total"], p["perAddress"]) == (1024, 1) and 1 <= p["used"] < 8 for p in capacity["ports"])
+    assert capacity["units"] == capacity["morePods"] > 1000, capacity
     assert status["mode"] == "shared" and status["blocked"] is None
 
     response = conn.allocate(["hca-0000", "hca-0001"], timeout=RPC_TIMEOUT)

@@ -9,12 +9,12 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.fake_rdma_sysfs import FakeRdmaSysfs, standard_host
+from tests.fake_rdma_sysfs import ZERO_GID, FakeRdmaSysfs, standard_host
 from tests.kubelet_standin import KubeletStandIn, PluginConnection, wait_for_path
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -81,13 +81,38 @@ class Daemon:
         self._err.close()
 
 
-class Host:
-    """A temporary node: fake sysfs + /dev, a kubelet dir with a stand-in kubelet, daemons."""
+def soft_roce_gid_tables(fake: FakeRdmaSysfs, size: int = 1024) -> FakeRdmaSysfs:
+    """Give every RoCE port a whole, mostly empty GID table of Soft-RoCE's size, as the kernel
+    lists it (fake_rdma_sysfs writes entry 0 alone, which reads as a full one-entry table):
+    the shared units' GID cap then stays above the default 1000 units. The empty entries are
+    hard links to one file (7000 files per host otherwise); the fake replaces a file to change
+    it, never writes into one, so they stay independent."""
+    empty = fake.root / "empty-gid"
+    empty.write_text(ZERO_GID + "\n")
+    for dev in fake.devices.values():
+        for port in (dev.folder / "ports").iterdir():
+            if (port / "link_layer").read_text().strip() != "Ethernet":
+                continue
+            for index in range(len(list((port / "gids").iterdir())), size):
+                os.link(empty, port / f"gids/{index}")
+    return fake
 
-    def __init__(self, netns_mode: str | None = "Y", *, soft: bool = True, kubelet: bool = True) -> None:
+
+FakeBuilder = Callable[[Path, "str | None"], FakeRdmaSysfs]
+
+
+class Host:
+    """A temporary node: fake sysfs + /dev, a kubelet dir with a stand-in kubelet, daemons.
+    `build` makes the fake tree (root, netns_mode): the standard host by default."""
+
+    def __init__(self, netns_mode: str | None = "Y", *, soft: bool = True, kubelet: bool = True,
+                 build: FakeBuilder | None = None) -> None:
         # Short paths: unix socket paths are limited to 107 bytes.
         self.base = Path(tempfile.mkdtemp(prefix="rdp-", dir="/tmp"))
-        self.fake: FakeRdmaSysfs = standard_host(self.base / "host", netns_mode, soft=soft)
+        if build is None:
+            self.fake: FakeRdmaSysfs = soft_roce_gid_tables(standard_host(self.base / "host", netns_mode, soft=soft))
+        else:
+            self.fake = build(self.base / "host", netns_mode)
         self.kubelet_dir = self.base / "k"
         self.plugins_dir = self.kubelet_dir / "device-plugins"
         self.plugins_dir.mkdir(parents=True)

@@ -22,7 +22,8 @@ def test_shared_registration_request(shared_dp):
     assert req.endpoint == SOCKET  # a basename inside the device-plugins folder
     assert req.resource_name == RESOURCE
     assert req.options.pre_start_required is False
-    assert req.options.get_preferred_allocation_available is False
+    # shared too: lowest units first, so pods hold the ones the GID cap keeps Healthy (issue 20)
+    assert req.options.get_preferred_allocation_available is True
     assert regs[0].endpoint_existed, "Register was called before the plugin socket existed"
     assert plugin.options == req.options, "GetDevicePluginOptions disagrees with the RegisterRequest"
     assert daemon.alive()

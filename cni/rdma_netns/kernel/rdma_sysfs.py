@@ -29,6 +29,21 @@ def _read(path: str) -> str | None:
         return None
 
 
+def _read_raw(path: str) -> str | None:
+    """_read without the file object: a third of its cost, for loops over whole GID tables
+    (the device plugin reads every entry of every RoCE port each health interval)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 256).decode(errors="replace").strip()
+    except OSError:
+        return None  # an empty GID entry: the kernel refuses the read itself
+    finally:
+        os.close(fd)
+
+
 def _list(path: str) -> list[str]:
     try:
         return sorted(os.listdir(path))
@@ -326,7 +341,7 @@ class RdmaSysfs:
         here = set(_list(f"{self.root}/class/net"))
         used = in_pods = 0
         for index in range(total):
-            ndev = _read(f"{base}/gid_attrs/ndevs/{index}")
+            ndev = _read_raw(f"{base}/gid_attrs/ndevs/{index}")
             if ndev is None:
                 continue
             used += 1
