@@ -46,6 +46,18 @@ EXPECTED = [
     "test_4_device_plugin::test_dp_exclusive_mode_follows_the_kernel_mode",
     "test_6_pod_gids::test_two_pods_get_their_own_gid_index_on_both_rails",
     "test_6_pod_gids::test_unequal_table_layouts_leave_the_index_unset",
+    "test_7_bond::test_every_rail_form_attaches_the_pod_to_the_bond_and_its_rdma_device[netdev-macvlan]",
+    "test_7_bond::test_every_rail_form_attaches_the_pod_to_the_bond_and_its_rdma_device[netdev-ipvlan]",
+    "test_7_bond::test_every_rail_form_attaches_the_pod_to_the_bond_and_its_rdma_device[rdmaDevice-macvlan]",
+    "test_7_bond::test_every_rail_form_attaches_the_pod_to_the_bond_and_its_rdma_device[rdmaDevice-ipvlan]",
+    "test_7_bond::test_every_rail_form_attaches_the_pod_to_the_bond_and_its_rdma_device[pciAddress-macvlan]",
+    "test_7_bond::test_every_rail_form_attaches_the_pod_to_the_bond_and_its_rdma_device[pciAddress-ipvlan]",
+    "test_7_bond::test_every_rail_form_attaches_the_pod_to_the_bond_and_its_rdma_device[pciAddressBackup-macvlan]",
+    "test_7_bond::test_every_rail_form_attaches_the_pod_to_the_bond_and_its_rdma_device[pciAddressBackup-ipvlan]",
+    "test_7_bond::test_every_rail_form_attaches_the_pod_to_the_bond_and_its_rdma_device[none-macvlan]",
+    "test_7_bond::test_every_rail_form_attaches_the_pod_to_the_bond_and_its_rdma_device[none-ipvlan]",
+    "test_7_bond::test_link_local_comes_back_with_the_config_key",
+    "test_7_bond::test_a_full_gid_table_fails_add_with_104_and_leaves_nothing",
     "test_add_del::test_ipvlan_link",
 ]
 EXPECTED_EXCLUSIVE_BOOT = [
