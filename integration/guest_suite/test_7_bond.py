@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from integration.guest_suite.conftest import in_pod, pod_address, sh, timed_cni
+from integration.guest_suite.test_2_exclusive import virtio_nics
 from integration.guest_suite.test_4_device_plugin import RESOURCE, start_dp  # noqa: F401 (fixture)
 from rdma_netns.kernel import rdma_sysfs
 from rdma_netns.kernel.inet import Prefix
@@ -37,19 +38,6 @@ BOND = "bond0"
 DEVICE = "rxeb"
 GID_SCAN = 48  # entries read per check: the tests keep the table nearly empty, the pod's sit early
 RAIL_FORMS = ["netdev", "rdmaDevice", "pciAddress", "pciAddressBackup", "none"]
-
-
-def virtio_nics() -> list[str]:
-    """The guest's virtio NICs (run-in-guest.sh --net-loop), joined to each other only."""
-    out = []
-    for name in sorted(os.listdir("/sys/class/net")):
-        try:
-            driver = os.path.basename(os.readlink(f"/sys/class/net/{name}/device/driver"))
-        except OSError:
-            continue
-        if driver == "virtio_net":
-            out.append(name)
-    return out
 
 
 def pci_address(nic: str) -> str:

@@ -161,3 +161,12 @@ def two_nodes(tmp_path_factory):
         for name, ms in sorted(CALL_TIMES.items()):
             GUEST_REPORT.append(f"  {name:<30} median {statistics.median(ms):8.0f} ms  (n={len(ms)}, min {min(ms):.0f})")
         GUEST_REPORT.extend(f"  {fact}" for fact in FACTS)
+
+
+@pytest.fixture(autouse=True)
+def no_pod_outlives_its_test(two_nodes):
+    """A failed test must not leave namespaces behind: the exclusive test's mode switch needs none."""
+    yield
+    for node in two_nodes:
+        for pod in list(node.pods):
+            node.delete_pod(pod)

@@ -17,15 +17,6 @@ from integration.two_nodes.rig import Reply
 pytestmark = pytest.mark.two_nodes
 
 
-@pytest.fixture(autouse=True)
-def no_pod_outlives_its_test(two_nodes):
-    """A failed test must not leave namespaces behind: the exclusive test's mode switch needs none."""
-    yield
-    for node in two_nodes:
-        for pod in list(node.pods):
-            node.delete_pod(pod)
-
-
 def rxe_on_rails(node: RdmaNode) -> None:
     """Soft-RoCE on each rail NIC: the node's RDMA devices, as a RoCE NIC's driver registers them."""
     present = node.rdma_devices()

@@ -159,14 +159,6 @@ def lacp_pair(two_nodes):
         pair.close()
 
 
-@pytest.fixture(autouse=True)
-def no_pod_outlives_its_test(two_nodes):
-    yield
-    for node in two_nodes:
-        for pod in list(node.pods):
-            node.delete_pod(pod)
-
-
 def bond_conf(node: RdmaNode, link: str, network: str) -> dict:
     """Node 1 names the rail by its bond, node 2 by its RDMA device: both mean bond0."""
     start, end = f"fd00:30::{node.index}:1", f"fd00:30::{node.index}:ffff"
