@@ -17,15 +17,20 @@ from rdma_netns.spec.errors import INVALID_CONFIG, NO_RDMA, NOT_GRANTED, RAIL_UN
 class Rail:
     """One resolved rail of an attachment."""
 
-    __slots__ = ("index", "ifname", "netdev", "ipam", "mtu", "rdma")
+    __slots__ = ("index", "ifname", "netdev", "ipam", "mtu", "rdma", "range_rule", "node_range")
 
     def __init__(self, index: int, ifname: str, netdev: str, ipam: dict, mtu: int | None,
-                 rdma: rdma_sysfs.RdmaPort | None) -> None:
+                 rdma: rdma_sysfs.RdmaPort | None, range_rule: dict | None = None) -> None:
         self.index, self.ifname, self.netdev, self.ipam, self.mtu, self.rdma = index, ifname, netdev, ipam, mtu, rdma
+        self.range_rule = range_rule  # rangeFromNodeAddress: ipam's ranges come from the node's address
+        self.node_range = None  # node_range.NodeRange, once derived (ADD); ipam then carries its ranges
 
     def to_state(self) -> dict:
-        return {"index": self.index, "ifname": self.ifname, "netdev": self.netdev, "ipam": self.ipam,
-                "rdmaDevice": self.rdma.device if self.rdma else None, "port": self.rdma.port if self.rdma else None}
+        out = {"index": self.index, "ifname": self.ifname, "netdev": self.netdev, "ipam": self.ipam,
+               "rdmaDevice": self.rdma.device if self.rdma else None, "port": self.rdma.port if self.rdma else None}
+        if self.node_range is not None:
+            out["nodeRange"] = self.node_range.to_state()
+        return out
 
 
 def configured_rails(net: NetConfig) -> list[RailConf]:
@@ -133,7 +138,7 @@ def plan(net: NetConfig, cni_ifname: str, device_id: str | None, chained: bool,
                            + (f" (none of its bond members {', '.join(members)} is an RDMA port)" if members else ""))
         rails.append(Rail(index=index, ifname=names[index],
                           netdev=netdev, ipam=entry.ipam or net.ipam, mtu=entry.mtu or net.mtu,
-                          rdma=port))
+                          rdma=port, range_rule=entry.node_range or net.node_range))
     for attr, what in (("ifname", "interface name"), ("netdev", "netdev")):
         values = [getattr(r, attr) for r in rails]
         if len(values) != len(set(values)):

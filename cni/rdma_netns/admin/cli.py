@@ -61,11 +61,19 @@ def _check_config(args: argparse.Namespace) -> int:
     status = 0
     for entry in ours:
         try:
-            model.validate(entry)
+            normalised = model.validate(entry)
             print(f"{args.file}: ok ({entry['name']})")
         except ValidationError as exc:
             print(f"{args.file}: {model.describe_errors(exc)}", file=sys.stderr)
             status = 1
+            continue
+        if args.node:
+            from rdma_netns.admin import node_check
+
+            fits, lines = node_check.describe(normalised)
+            print(f"on this node ({'ok' if fits else 'ADD would fail'}):")
+            print("\n".join(lines))
+            status = status or (0 if fits else 1)
     return status
 
 
@@ -153,6 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_devices)
     p = sub.add_parser("check-config", help="validate a conflist (or one plugin entry) against the config contract")
     p.add_argument("file")
+    p.add_argument("--node", action="store_true",
+                   help="also resolve it on this node: each rail's netdev and RDMA port, and this node's pod "
+                        "range (rangeFromNodeAddress), or the error ADD would give")
     p.set_defaults(func=_check_config)
     p = sub.add_parser("install-launcher", help="write the CNI executable for a CNI bin folder, e.g. "
                        "/opt/cni/bin/rdma-netns (isolated, fast-starting Python)")

@@ -58,6 +58,8 @@ def cmd_add(env: CniEnv, cfg: loader.Config, grant: Grant | None = None) -> dict
                     for rail in plan:  # every IPAM plugin must be there before anything changes
                         ipam.find_plugin(rail.ipam["type"], env.path)
                     parents = [rails.host_parent(host_sock, rail, mode.parent_must_be_up) for rail in plan]
+                    if any(rail.range_rule for rail in plan):
+                        _node_ranges(mode, host_sock, plan, parents)
                     rail_states = [r.to_state() | mode.prepare(r, p) for r, p in zip(plan, parents)]
                 else:  # chained after the plugin that made the pod interface: its result goes on
                     prev = versions.format_result(cfg.prev_result, versions.LATEST)
@@ -87,6 +89,18 @@ def cmd_add(env: CniEnv, cfg: loader.Config, grant: Grant | None = None) -> dict
             return result
         finally:
             os.close(pod_fd)
+
+
+def _node_ranges(mode: modes.Mode, host_sock: NetlinkSocket, plan: list[rails.Rail],
+                 parents: list[rtnl.Link]) -> None:
+    """rangeFromNodeAddress: each rail's pod range from the node's address on it, before anything
+    changes (the state records the range the IPAM is asked for)."""
+    if not mode.parent_stays_in_host:
+        raise CniError(INVALID_CONFIG, f"rangeFromNodeAddress needs shared mode; the kernel's RDMA mode makes this "
+                       f"attachment {mode.name}, which moves the NIC (and the node's address) into the pod")
+    from rdma_netns import node_range  # only configs that use it
+
+    node_range.apply(host_sock, plan, parents)
 
 
 def _new_state(env: CniEnv, net: NetConfig, mode: modes.Mode, rail_states: list[dict]) -> AttachmentState:

@@ -22,8 +22,11 @@ def cmd_status(env: CniEnv, cfg: loader.Config) -> None:
         plan = rails.plan(net, "eth0", None, False)
         with NetlinkSocket() as sock:
             mode = modes.select(net)
-            for rail in plan:
-                rails.host_parent(sock, rail, mode.parent_must_be_up)
+            parents = [rails.host_parent(sock, rail, mode.parent_must_be_up) for rail in plan]
+            if any(rail.range_rule for rail in plan):  # a rail without its node address cannot take pods
+                from rdma_netns import node_range
+
+                node_range.apply(sock, plan, parents)
         for conf in ipam.distinct([rail.ipam for rail in plan]):
             if ipam.speaks_1_1(conf, env.path, net.ipam_timeout):
                 ipam.invoke("STATUS", ipam=conf, network=net.name, cni_version=cfg.cni_version, container_id="",

@@ -58,9 +58,12 @@ def _state_from_config(env: CniEnv, cfg: loader.Config) -> AttachmentState:
         entries = []
     names = rails.pod_ifnames(entries, env.ifname, cfg.prev_result is not None)
     mode = modes.for_config(net)
+    # A rail whose ranges come from the node's address has no IPAM config to send without its
+    # recorded one; and with no state, ADD never reached IPAM (the state is written first).
     return AttachmentState(mode=mode.name, link=mode.link_kind, container_id=env.container_id, ifname=env.ifname,
                            netns=env.netns, network=net.name, phase="",
-                           rails=[{"ifname": name, "ipam": e.ipam or net.ipam}
+                           rails=[{"ifname": name,
+                                   "ipam": None if e.node_range or net.node_range else e.ipam or net.ipam}
                                   for name, e in zip(names, entries)])
 
 

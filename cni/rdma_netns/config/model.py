@@ -55,6 +55,34 @@ class Ipam(BaseModel):
         return value
 
 
+# host-local keys that say where addresses come from: rangeFromNodeAddress writes them itself.
+RANGE_KEYS = ("ranges", "subnet", "rangeStart", "rangeEnd", "gateway")
+
+
+class RangeFromNodeAddress(Strict):
+    """This node's pod range on a rail, derived at ADD from the node's own global IPv6 address
+    there (node_range.py): the address's /prefixLength block, the node's addresses left out.
+    One config for every node; no two nodes share a block as long as their addresses do not."""
+
+    prefixLength: int | None = Field(default=None, ge=8, le=124)  # None: the address's own length
+    within: str | None = None  # only node addresses inside this IPv6 prefix count
+
+    @field_validator("within")
+    @classmethod
+    def _ipv6_prefix(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        from rdma_netns.kernel.inet import Prefix
+
+        try:
+            prefix = Prefix.parse(value)
+        except ValueError as exc:
+            raise ValueError(str(exc)) from None
+        if prefix.version != 6 or "/" not in value:
+            raise ValueError(f"{value!r} is not an IPv6 prefix like fd00::/16")
+        return str(prefix.network)
+
+
 class Rail(Strict):
     """One RDMA NIC: named by exactly one of netdev, rdmaDevice or pciAddress."""
 
@@ -63,6 +91,7 @@ class Rail(Strict):
     pciAddress: str | None = None
     ifname: str | None = None
     ipam: Ipam | None = None
+    rangeFromNodeAddress: RangeFromNodeAddress | None = None
     mtu: int | None = Field(default=None, ge=1280, le=65535)
 
     @model_validator(mode="after")
@@ -91,6 +120,8 @@ class NetConf(Strict):
     linkMode: str | None = None
     rails: list[Rail] | None = Field(default=None, min_length=1, max_length=64)
     ipam: Ipam | None = None
+    # Each node's own pod range on every rail, from its address there (per rail: the rail's key).
+    rangeFromNodeAddress: RangeFromNodeAddress | None = None
     requireRdma: bool = True
     gidWaitMs: int = Field(default=DEFAULT_GID_WAIT_MS, ge=0, le=30000)
     linkLocal: bool = False  # an IPv6 link-local address (a GID) on each rail interface
@@ -177,7 +208,29 @@ class NetConf(Strict):
                 raise ValueError("every rail needs an ipam (its own, or the top-level default)")
             if not self.rails and self.ipam is None:
                 raise ValueError("ipam is required (top-level, or per rail)")
+        self._node_ranges_fit()
         return self
+
+    def _node_ranges_fit(self) -> None:
+        """rangeFromNodeAddress fills host-local's ranges: the IPAM must be host-local without its
+        own, and the mode one that leaves the NIC (and its address) in the host."""
+        rails = self.rails or [Rail(netdev="x")]  # rails omitted: the top-level settings serve every rail
+        for i, rail in enumerate(rails):
+            rule = rail.rangeFromNodeAddress or self.rangeFromNodeAddress
+            ipam = rail.ipam or self.ipam
+            if rule is None or ipam is None:
+                continue
+            where = f"rails.{i}" if self.rails else "config"
+            if self.mode == "exclusive":
+                raise ValueError(f"{where}: rangeFromNodeAddress needs shared mode (exclusive mode moves the NIC, "
+                                 "and the node's address with it, into the pod)")
+            if ipam.type != "host-local":
+                raise ValueError(f"{where}: rangeFromNodeAddress fills host-local's ranges; the rail's ipam is "
+                                 f"{ipam.type!r}")
+            given = [k for k in RANGE_KEYS if k in (ipam.model_extra or {})]
+            if given:
+                raise ValueError(f"{where}: the ipam sets {', '.join(given)} and rangeFromNodeAddress derives "
+                                 "them: use one or the other")
 
 
 def validate(raw: dict) -> dict:

@@ -23,24 +23,26 @@ DEFAULT_GID_WAIT_MS = 3000
 class RailConf:
     """One configured rail: a NIC named by exactly one of netdev, rdma_device, pci_address."""
 
-    __slots__ = ("netdev", "rdma_device", "pci_address", "ifname", "ipam", "mtu")
+    __slots__ = ("netdev", "rdma_device", "pci_address", "ifname", "ipam", "mtu", "node_range")
 
     def __init__(self, netdev: str | None = None, rdma_device: str | None = None, pci_address: str | None = None,
-                 ifname: str | None = None, ipam: dict | None = None, mtu: int | None = None) -> None:
+                 ifname: str | None = None, ipam: dict | None = None, mtu: int | None = None,
+                 node_range: dict | None = None) -> None:
         self.netdev, self.rdma_device, self.pci_address = netdev, rdma_device, pci_address
         self.ifname, self.ipam, self.mtu = ifname, ipam, mtu
+        self.node_range = node_range  # rangeFromNodeAddress of this rail ({"prefixLength", "within"})
 
     @classmethod
     def from_dict(cls, d: dict) -> RailConf:
         return cls(d.get("netdev"), d.get("rdmaDevice"), d.get("pciAddress"), d.get("ifname"), d.get("ipam"),
-                   d.get("mtu"))
+                   d.get("mtu"), d.get("rangeFromNodeAddress"))
 
 
 class NetConfig:
     """One network's settings (names as in the JSON config, in snake case)."""
 
-    __slots__ = ("name", "type", "mode", "link", "link_mode", "rails", "ipam", "require_rdma", "gid_wait_ms", "link_local",
-                 "route_table_base", "rule_priority_base", "ipam_timeout", "lock_timeout", "mtu", "state_dir",
+    __slots__ = ("name", "type", "mode", "link", "link_mode", "rails", "ipam", "node_range", "require_rdma",
+                 "gid_wait_ms", "link_local", "route_table_base", "rule_priority_base", "ipam_timeout", "lock_timeout", "mtu", "state_dir",
                  "dns", "resource_name", "pod_resources_socket", "pod_resources_timeout_ms",
                  "pod_grants_socket", "pod_info_dir", "cdi_spec_dir", "cdi_kind", "source")
 
@@ -55,6 +57,7 @@ class NetConfig:
         rails = d.get("rails")
         self.rails: list[RailConf] | None = [RailConf.from_dict(r) for r in rails] if rails else None
         self.ipam: dict | None = d.get("ipam")
+        self.node_range: dict | None = d.get("rangeFromNodeAddress")  # every rail's unless it has its own
         self.require_rdma: bool = d.get("requireRdma", True)
         self.gid_wait_ms: int = d.get("gidWaitMs", DEFAULT_GID_WAIT_MS)
         self.link_local: bool = d.get("linkLocal", False)

@@ -47,7 +47,8 @@ MACVLAN_MODES = {"private": 1, "vepa": 2, "bridge": 4, "passthru": 8}
 IPVLAN_MODES = {"l2": 0, "l3": 1, "l3s": 2}
 
 IFA_ADDRESS, IFA_LOCAL, IFA_FLAGS = 1, 2, 8
-IFA_F_NODAD, IFA_F_OPTIMISTIC, IFA_F_DADFAILED, IFA_F_TENTATIVE = 0x02, 0x04, 0x08, 0x40
+IFA_F_TEMPORARY, IFA_F_NODAD, IFA_F_OPTIMISTIC, IFA_F_DADFAILED = 0x01, 0x02, 0x04, 0x08
+IFA_F_DEPRECATED, IFA_F_TENTATIVE = 0x20, 0x40
 
 RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PRIORITY, RTA_TABLE = 1, 4, 5, 6, 15
 RT_TABLE_UNSPEC, RT_TABLE_MAIN = 0, 254
@@ -155,22 +156,25 @@ def add_address(sock: NetlinkSocket, index: int, iface: Prefix, *, nodad: bool) 
 
 
 class Address:
-    __slots__ = ("index", "interface", "flags")
+    __slots__ = ("index", "interface", "flags", "scope")
 
-    def __init__(self, index: int, interface: Prefix, flags: int) -> None:
-        self.index, self.interface, self.flags = index, interface, flags
+    def __init__(self, index: int, interface: Prefix, flags: int, scope: int = RT_SCOPE_UNIVERSE) -> None:
+        self.index, self.interface, self.flags, self.scope = index, interface, flags, scope
 
 
-def list_addresses(sock: NetlinkSocket, family: int = AF_UNSPEC) -> list[Address]:
+def list_addresses(sock: NetlinkSocket, family: int = AF_UNSPEC, index: int = 0) -> list[Address]:
+    """The namespace's addresses (index: only that interface's; the kernel dumps them all)."""
     out = []
     for body in sock.dump(RTM_GETADDR, IFADDRMSG.pack(family, 0, 0, 0, 0), "list addresses"):
-        _fam, plen, flags8, _scope, index = IFADDRMSG.unpack_from(body)
+        _fam, plen, flags8, scope, ifindex = IFADDRMSG.unpack_from(body)
+        if index and ifindex != index:
+            continue
         attrs = parse_attrs(body, IFADDRMSG.size)
         raw = attrs.get(IFA_LOCAL) or attrs.get(IFA_ADDRESS)
         if raw is None:
             continue
         flags = u32(attrs[IFA_FLAGS]) if IFA_FLAGS in attrs else flags8
-        out.append(Address(index, Prefix.from_bytes(raw, plen), flags))
+        out.append(Address(ifindex, Prefix.from_bytes(raw, plen), flags, scope))
     return out
 
 

@@ -25,6 +25,8 @@ class Mode:
     gids_in_pod = False     # the RDMA devices live in the pod: GIDs are read through its sysfs view
     grant_names_devices = False  # pairing: the pod's granted units are the NICs to attach (else any
     # unit admits the pod to every rail)
+    parent_stays_in_host = True  # the rail's host netdev (and the node's address on it) stays in the
+    # host: rangeFromNodeAddress can derive the pod range from that address
     configures_addresses = True  # False: IPAM, addresses and routes are the previous plugin's
     # (chained after a netdev plugin: the pod interface is not ours, the attachment passes the
     # previous result on; see chained_rails/attach_chained)

@@ -45,6 +45,7 @@ class ExclusiveMode(Mode):
     link_kind = "netdev"
     gids_in_pod = True  # a namespace sees only the RDMA devices moved into it
     grant_names_devices = True
+    parent_stays_in_host = False  # the NIC itself moves into the pod
 
     def prepare(self, rail: Rail, parent: rtnl.Link) -> dict:
         """What DEL needs to put the NIC back exactly, recorded before anything moves."""

@@ -24,6 +24,7 @@ IPAM_FAILED = 105           # the IPAM delegate failed or returned something unu
 CHECK_FAILED = 106          # CHECK found a difference from what ADD set up
 PAIRING_UNAVAILABLE = 107   # kubelet's PodResources could not say what the pod was granted
 NOT_GRANTED = 108           # the pod holds no device of resourceName that this network can attach
+NO_NODE_RANGE = 109         # rangeFromNodeAddress: the rail's node address gives no pod range (none, several, too small)
 
 
 class CniError(Exception):
