@@ -138,7 +138,7 @@ def plan(net: NetConfig, cni_ifname: str, device_id: str | None, chained: bool,
                            + (f" (none of its bond members {', '.join(members)} is an RDMA port)" if members else ""))
         rails.append(Rail(index=index, ifname=names[index],
                           netdev=netdev, ipam=entry.ipam or net.ipam, mtu=entry.mtu or net.mtu,
-                          rdma=port, range_rule=entry.node_range or net.node_range))
+                          rdma=port, range_rule=net.range_rule(entry)))
     for attr, what in (("ifname", "interface name"), ("netdev", "netdev")):
         values = [getattr(r, attr) for r in rails]
         if len(values) != len(set(values)):

@@ -6,12 +6,18 @@ fresh pod namespace per iteration, so process start-up is included, as it is on 
 plugins run inside a private "node" namespace with veth-backed rails, so the host is untouched.
 
     sudo python3 integration/bench/cni_add_del.py --rdma-netns .venv/bin/rdma-netns [--iterations 30]
-        [--baseline /tmp/old-venv/bin/rdma-netns]
+        [--baseline /tmp/old-venv/bin/rdma-netns] [--node-range] [--extra-interfaces 200]
 
 --baseline adds another build's cases to the same run (e.g. the previous commit installed into a
 temp venv), so that a change's effect is measured side by side, not against figures from another
 day on a noisy VM. The configs say "requireRdma": false (no RDMA hardware here), so a real node's
 wait for each address's RoCE v2 GID is not in these figures.
+
+--node-range adds the 1- and 8-rail cases with the pod range derived from the node's address on
+each rail (rangeFromNodeAddress; the rails then carry node addresses fd00:<rail>::1:1/64), side by
+side with the static ranges. --extra-interfaces adds that many dummy links (each with its IPv6
+link-local address) to the node namespace: a node's pod veths, which the derivation's address
+dump reads past.
 
 Prints medians, p90 and the ratios the project tracks. Needs root, iproute2 and Debian's
 containernetworking-plugins (/usr/lib/cni). rdma-netns runs through the launcher a node's CNI
@@ -39,13 +45,17 @@ def sh(*args: str) -> None:
     subprocess.run(args, check=True)
 
 
-def setup_node(rails: int) -> None:
+def setup_node(rails: int, extra_interfaces: int = 0) -> None:
     subprocess.run(["ip", "netns", "del", NODE], stderr=subprocess.DEVNULL)
     sh("ip", "netns", "add", NODE)
     for i in range(rails):
         sh("ip", "-n", NODE, "link", "add", f"rail{i}", "type", "veth", "peer", "name", f"rail{i}p")
         sh("ip", "-n", NODE, "link", "set", f"rail{i}", "up")
         sh("ip", "-n", NODE, "link", "set", f"rail{i}p", "up")
+        sh("ip", "-n", NODE, "address", "add", f"fd00:{i + 1}::1:1/64", "dev", f"rail{i}", "nodad")
+    if extra_interfaces:
+        batch = "".join(f"link add pv{i} type dummy\nlink set pv{i} up\n" for i in range(extra_interfaces))
+        subprocess.run(["ip", "-n", NODE, "-batch", "-"], input=batch.encode(), check=True)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -74,13 +84,21 @@ def ipam(data_dir: str, subnet: str) -> dict:
     return {"type": "host-local", "dataDir": data_dir, "ranges": [[{"subnet": subnet}]]}
 
 
-def build_cases(plugin: str, data_dir: str, state_dir: str, baseline: str | None = None) -> list[Case]:
+def build_cases(plugin: str, data_dir: str, state_dir: str, baseline: str | None = None,
+                node_range: bool = False) -> list[Case]:
     def ours(name: str, rails: int, executable: str = plugin) -> Case:
         conf = {"cniVersion": "1.1.0", "name": name, "type": "rdma-netns", "mode": "shared", "requireRdma": False,
                 "stateDir": state_dir,
                 "rails": [{"netdev": f"rail{i}", "ifname": f"rdma{i}", "ipam": ipam(data_dir, f"fd00:{i + 1}::/64")}
                           for i in range(rails)]}
         return Case(name, executable, conf, "net1")
+
+    def from_node(name: str, rails: int) -> Case:
+        case = ours(name, rails)
+        case.conf["rangeFromNodeAddress"] = {"prefixLength": 112, "within": "fd00::/16"}
+        for rail in case.conf["rails"]:
+            rail["ipam"] = {"type": "host-local", "dataDir": data_dir}
+        return case
 
     def go(name: str, subnet: str) -> Case:
         conf = {"cniVersion": "1.0.0", "name": name, "type": "macvlan", "master": "rail0", "mode": "bridge",
@@ -90,8 +108,10 @@ def build_cases(plugin: str, data_dir: str, state_dir: str, baseline: str | None
     return [
         go("go-macvlan-ipv4", "10.77.0.0/16"),
         ours("rdma-netns-ipv6-1rail", 1),
+        *([from_node("node-range-ipv6-1rail", 1)] if node_range else []),
         *([ours("baseline-ipv6-1rail", 1, baseline)] if baseline else []),
         ours("rdma-netns-ipv6-8rails", 8),
+        *([from_node("node-range-ipv6-8rails", 8)] if node_range else []),
         *([ours("baseline-ipv6-8rails", 8, baseline)] if baseline else []),
         go("go-macvlan-ipv6", "fd00:77::/64"),
     ]
@@ -100,7 +120,7 @@ def build_cases(plugin: str, data_dir: str, state_dir: str, baseline: str | None
 def run_inside_node(args: argparse.Namespace) -> dict:
     data_dir = tempfile.mkdtemp(prefix="rnbench-ipam-")
     state_dir = tempfile.mkdtemp(prefix="rnbench-state-")
-    cases = build_cases(args.plugin, data_dir, state_dir, args.baseline_plugin)
+    cases = build_cases(args.plugin, data_dir, state_dir, args.baseline_plugin, args.node_range)
     cold = {}
     for case in cases:
         iterations = args.iterations if "go-macvlan-ipv6" != case.name else max(5, args.iterations // 3)
@@ -135,6 +155,10 @@ def run_inside_node(args: argparse.Namespace) -> dict:
         / c["rdma-netns-ipv6-1rail"]["add_median_ms"],
         "ours_ipv6_del / go_ipv4_del": c["rdma-netns-ipv6-1rail"]["del_median_ms"] / c["go-macvlan-ipv4"]["del_median_ms"],
     }
+    if "node-range-ipv6-1rail" in c:
+        for rails in ("1rail", "8rails"):
+            out["ratios"][f"node_range_{rails}_add / static_{rails}_add"] = \
+                c[f"node-range-ipv6-{rails}"]["add_median_ms"] / c[f"rdma-netns-ipv6-{rails}"]["add_median_ms"]
     if "baseline-ipv6-1rail" in c:
         for rails in ("1rail", "8rails"):
             for what in ("add", "del"):
@@ -160,6 +184,10 @@ def main() -> int:
     parser.add_argument("--baseline", help="another installed rdma-netns executable, measured in the same run")
     parser.add_argument("--plugin", help=argparse.SUPPRESS)  # the launcher, set by the outer run
     parser.add_argument("--baseline-plugin", help=argparse.SUPPRESS)
+    parser.add_argument("--node-range", action="store_true",
+                        help="also the 1- and 8-rail cases with rangeFromNodeAddress (README, one config per cluster)")
+    parser.add_argument("--extra-interfaces", type=int, default=0,
+                        help="dummy links (with link-local addresses) in the node namespace, like a node's pod veths")
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -174,10 +202,12 @@ def main() -> int:
         if args.baseline:
             baseline = os.path.join(bin_dir, "rdma-netns-baseline")
             subprocess.run([args.baseline, "install-launcher", baseline], check=True, stdout=subprocess.DEVNULL)
-        setup_node(rails=8)
+        setup_node(rails=8, extra_interfaces=args.extra_interfaces)
         try:
             cmd = ["ip", "netns", "exec", NODE, sys.executable, os.path.abspath(__file__), "--inner",
                    "--iterations", str(args.iterations), "--plugin", launcher]
+            if args.node_range:
+                cmd.append("--node-range")
             if args.json:
                 cmd += ["--json", os.path.abspath(args.json)]
             if baseline:

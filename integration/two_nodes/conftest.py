@@ -25,14 +25,23 @@ CALL_TIMES: dict[str, list[float]] = {}
 FACTS: list[str] = []
 
 
+SHIPPED_ENTRY = REPO / "conf" / "rdma-netns-chained-entry.json"
+
+
 def rail_subnet(rail: int) -> str:
     """Each rail is one L2 segment (a wire between the nodes, no router), hence one subnet."""
     return f"fd00:1{rail}::/64"
 
 
+def node_address(rail: int, node: int) -> str:
+    """The node's own address on the rail, from the fabric's address plan: node n in its own /112
+    (the shipped rangeFromNodeAddress then gives its pods the rest of that /112)."""
+    return f"fd00:1{rail}::{node}:1/64"
+
+
 def node_range(rail: int, node: int) -> tuple[str, str]:
-    """Each node's own slice of the rail's subnet, as a cluster's per-node IPAM ranges are."""
-    return f"fd00:1{rail}::{node}:1", f"fd00:1{rail}::{node}:ffff"
+    """Each node's own slice of the rail's subnet: the /112 of its address, less the address."""
+    return f"fd00:1{rail}::{node}:2", f"fd00:1{rail}::{node}:ffff"
 
 
 class RdmaNode:
@@ -80,21 +89,32 @@ class RdmaNode:
         assert reply.rc == 0, f"{self.node.name}: {command} failed ({reply.rc}): {reply.stdout} {reply.stderr}"
         return json.loads(reply.stdout) if reply.stdout.strip() else None
 
-    def ipam(self, rail: int, single: bool = False) -> dict:
-        """host-local with this node's own range of the rail's subnet. The rail is flat L2, so the
-        connected route reaches the other node's range: an extra route would get host-local's
-        default gateway (the subnet's ::1, a router this rig does not have) and break it."""
-        start, end = node_range(rail, self.index)
-        if single:  # one address only: the next pod gets the same one (address reuse)
-            start = end = f"fd00:1{rail}::{self.index}:5"
+    def give_node_addresses(self) -> None:
+        """The node's own address on each rail (what the fabric's plan gives a node; a NIC that
+        visited a pod comes back without it)."""
+        for rail, nic in self.nics.items():
+            self.run("ip", "address", "replace", node_address(rail, self.index), "dev", nic, "nodad")
+
+    def static_ipam(self, rail: int) -> dict:
+        """host-local with one planned address of the rail's subnet (the next pod gets the same one:
+        address reuse); the static form an admin who plans addresses by hand keeps."""
+        address = f"fd00:1{rail}::{self.index}:5"
         return {"type": "host-local", "dataDir": IPAM_DIR,
-                "ranges": [[{"subnet": rail_subnet(rail), "rangeStart": start, "rangeEnd": end}]]}
+                "ranges": [[{"subnet": rail_subnet(rail), "rangeStart": address, "rangeEnd": address}]]}
 
     def shared_conf(self, link: str, network: str = "rails", single_rail0: bool = False) -> dict:
-        rails = [{"netdev": self.nics[r], "ifname": f"rdma{r}", "ipam": self.ipam(r, single_rail0 and r == 0)}
-                 for r in range(RAILS)]
+        """The shipped chained entry's address rule (rangeFromNodeAddress), the same bytes on both
+        nodes: each node's pods take the /112 of its own address on the rail. The rail is flat L2,
+        so the connected /64 reaches the other node's pods; the entry's route (fd00::/16 via the
+        subnet's ::1, a router this rig does not have) is left out."""
+        self.give_node_addresses()
+        shipped = json.loads(SHIPPED_ENTRY.read_text())
+        rails = [{"netdev": self.nics[r], "ifname": f"rdma{r}"} for r in range(RAILS)]
+        if single_rail0:
+            rails[0]["ipam"] = self.static_ipam(0)
         return {"cniVersion": "1.1.0", "name": network, "type": "rdma-netns", "mode": "shared", "link": link,
-                "stateDir": STATE_DIR, "rails": rails}
+                "stateDir": STATE_DIR, "rails": rails, "rangeFromNodeAddress": shipped["rangeFromNodeAddress"],
+                "ipam": {"type": "host-local", "dataDir": IPAM_DIR}}
 
     def leftovers(self, network: str) -> dict[str, list]:
         """What a DEL may not leave behind: sub-interfaces, attachment records, address leases."""

@@ -11,7 +11,17 @@ import time
 
 import pytest
 
-from integration.two_nodes.conftest import FACTS, RAILS, STATE_DIR, SYSTEM_PYTHON, TRAFFIC, RdmaNode, global_address, node_range
+from integration.two_nodes.conftest import (
+    FACTS,
+    RAILS,
+    STATE_DIR,
+    SYSTEM_PYTHON,
+    TRAFFIC,
+    RdmaNode,
+    global_address,
+    node_address,
+    node_range,
+)
 from integration.two_nodes.rig import Reply
 
 pytestmark = pytest.mark.two_nodes
@@ -96,6 +106,7 @@ def test_shared_pods_on_two_nodes_exchange_rdma_on_every_rail(two_nodes, link):
         rxe_on_rails(node)
     network = f"rails-{link}"
     confs = [node.shared_conf(link, network=network) for node in two_nodes]
+    assert confs[0] == confs[1], "one config for both nodes: no per-node ranges"
     pods = [node1.pod(f"a-{link}"), node2.pod(f"b-{link}")]
     results: list[dict] = []
     try:
@@ -104,7 +115,8 @@ def test_shared_pods_on_two_nodes_exchange_rdma_on_every_rail(two_nodes, link):
         for node, conf, pod, result in zip(two_nodes, confs, pods, results):
             for rail in range(RAILS):
                 address = global_address(result, rail)
-                assert address.startswith(f"fd00:1{rail}::{node.index}:"), "each node hands out its own range"
+                assert address == node_range(rail, node.index)[0], \
+                    "each node hands out the /112 of its own address on the rail, its address left out"
                 iface = next(i for i in result["interfaces"] if i["name"] == f"rdma{rail}")
                 assert iface["pciID"] == f"rxe{rail}", "the result names the rail's RDMA device"
                 assert node.gid_ndevs(f"rxe{rail}", address) == [f"rdma{rail}"], \
@@ -166,6 +178,25 @@ def test_each_rail_source_routes_across_nodes(two_nodes):
         for node, conf, pod in zip(two_nodes, confs, pods):
             node.cni_ok("DEL", conf, pod, "rdma0", "shared-macvlan")
             node.delete_pod(pod)
+
+
+def test_a_node_whose_rail_has_no_address_refuses_and_leaves_nothing(two_nodes):
+    """rangeFromNodeAddress never guesses: without the node's own address on a rail, no range."""
+    node = two_nodes[1]
+    conf = node.shared_conf("macvlan", network="rails-noaddr")
+    node.run("ip", "address", "del", node_address(1, node.index), "dev", node.nics[1])
+    pod = node.pod("b-noaddr")
+    try:
+        reply = node.cni("ADD", conf, pod, "rdma0", "shared-macvlan")
+        err = json.loads(reply.stdout)
+        assert reply.rc != 0 and err["code"] == 109, reply.stdout + reply.stderr
+        assert f"rail {node.nics[1]} has no global IPv6 address within fd00::/16" in err["msg"]
+        node.cni_ok("DEL", conf, pod, "rdma0", "shared-macvlan")  # the runtime's rollback DEL
+        FACTS.append(json.dumps({"name": "a rail without its node address", "code": err["code"], "msg": err["msg"]}))
+    finally:
+        node.delete_pod(pod)
+        node.give_node_addresses()
+    assert node.leftovers("rails-noaddr") == {"sub-interfaces": [], "records": [], "leases": [], "namespaces": []}
 
 
 def neighbour(node: RdmaNode, pod: str, ifname: str, address: str) -> dict | None:

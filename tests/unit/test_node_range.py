@@ -159,3 +159,17 @@ def test_model_refuses_what_the_rule_cannot_serve(change, reason):
     with pytest.raises(Exception) as err:
         model.validate(base(**change))
     assert reason in model.describe_errors(err.value)
+
+
+def test_a_rail_with_its_own_ranges_stays_static_under_the_top_level_rule():
+    from rdma_netns.config.netconf import NetConfig
+
+    static = {"type": "host-local", "ranges": [[{"subnet": "fd00:9::/64"}]]}
+    out = model.validate(base(stateDir="/s", rails=[{"netdev": "eth1"}, {"netdev": "eth2", "ipam": static},
+                                                    {"netdev": "eth3", "ipam": {"type": "host-local"}}]))
+    net = NetConfig(out)
+    assert [net.range_rule(r) for r in net.rails] == [{"prefixLength": 112, "within": None}, None,
+                                                      {"prefixLength": 112, "within": None}]
+    with pytest.raises(Exception) as err:  # the rail's own rule with its own ranges: one or the other
+        model.validate(base(rails=[{"netdev": "eth2", "ipam": static, "rangeFromNodeAddress": {}}]))
+    assert "ranges" in model.describe_errors(err.value)

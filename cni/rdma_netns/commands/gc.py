@@ -56,7 +56,7 @@ def _gc_ipam(env: CniEnv, cfg: loader.Config, store: StateStore) -> None:
             ipams.append(rail.get("ipam"))
     # A rail whose ranges come from the node's address (rangeFromNodeAddress) is known to IPAM only
     # through the states' recorded configs: its config entry has no ranges to send.
-    ipams.extend(e.ipam or net.ipam for e in (net.rails or []) if not (e.node_range or net.node_range))
+    ipams.extend(e.ipam or net.ipam for e in (net.rails or []) if net.range_rule(e) is None)
     if net.ipam and not net.node_range:
         ipams.append(net.ipam)
     for conf in ipam.distinct([c for c in ipams if c]):

@@ -63,7 +63,7 @@ def _state_from_config(env: CniEnv, cfg: loader.Config) -> AttachmentState:
     return AttachmentState(mode=mode.name, link=mode.link_kind, container_id=env.container_id, ifname=env.ifname,
                            netns=env.netns, network=net.name, phase="",
                            rails=[{"ifname": name,
-                                   "ipam": None if e.node_range or net.node_range else e.ipam or net.ipam}
+                                   "ipam": None if net.range_rule(e) else e.ipam or net.ipam}
                                   for name, e in zip(names, entries)])
 
 

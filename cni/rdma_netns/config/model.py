@@ -216,7 +216,9 @@ class NetConf(Strict):
         own, and the mode one that leaves the NIC (and its address) in the host."""
         rails = self.rails or [Rail(netdev="x")]  # rails omitted: the top-level settings serve every rail
         for i, rail in enumerate(rails):
-            rule = rail.rangeFromNodeAddress or self.rangeFromNodeAddress
+            own = (rail.ipam.model_extra or {}) if rail.ipam else {}
+            static = "ranges" in own or "subnet" in own  # a rail's own ranges win over the top-level rule
+            rule = rail.rangeFromNodeAddress or (None if static else self.rangeFromNodeAddress)
             ipam = rail.ipam or self.ipam
             if rule is None or ipam is None:
                 continue

@@ -77,6 +77,15 @@ class NetConfig:
         self.cdi_spec_dir: str = d.get("cdiSpecDir", "")
         self.cdi_kind: str = d.get("cdiKind", "")
 
+    def range_rule(self, entry: RailConf) -> dict | None:
+        """The rangeFromNodeAddress rule a rail follows: its own, else the top-level one unless the
+        rail's own ipam says where its addresses come from (ranges or subnet: a static rail)."""
+        if entry.node_range is not None:
+            return entry.node_range
+        if self.node_range is not None and not (entry.ipam and ("ranges" in entry.ipam or "subnet" in entry.ipam)):
+            return self.node_range
+        return None
+
     def teardown_settings(self) -> dict:
         """What DEL needs of the config to undo an attachment, recorded at ADD (state format 2)."""
         return {"routeTableBase": self.route_table_base, "rulePriorityBase": self.rule_priority_base,
