@@ -237,14 +237,17 @@ def mode_switches(rn: RdmaNetlink) -> None:
     sh("ip", "netns", "add", "busy1")
     hidden = subprocess.Popen(["unshare", "-n", "sleep", "300"])
     try:
+        # unshare(2) changes the namespace before exec(sleep): wait for both, or the kernel's
+        # answer may name the process while it is still "unshare" (seen under emulation)
         waited = wait_for(lambda: os.stat(f"/proc/{hidden.pid}/ns/net").st_ino
-                          != os.stat("/proc/1/ns/net").st_ino, 10)
+                          != os.stat("/proc/1/ns/net").st_ino
+                          and open(f"/proc/{hidden.pid}/comm").read().strip() == "sleep", 10)
         hidden_ino = os.stat(f"/proc/{hidden.pid}/ns/net").st_ino
         check("unnamed-netns-started", waited >= 0, f"net:[{hidden_ino}]")
         busy = refused("mode-exclusive-busy", lambda: rn.set_netns_mode("exclusive"), errno.EBUSY,
                        "busy1 (/var/run/netns/busy1)", RdmaBusy)
         check("mode-busy-names-unnamed-netns", busy is not None and f"net:[{hidden_ino}] (pid "
-              f"{hidden.pid} sleep)" in str(busy))
+              f"{hidden.pid} sleep)" in str(busy), busy)
         check("mode-unchanged-after-busy", rn.netns_mode() == "shared")
     finally:
         hidden.kill()
