@@ -114,6 +114,9 @@ def main() -> int:
     if not results:
         print("agent.py runs inside a guest of run-in-guest.sh (GUEST_RESULTS unset)", file=sys.stderr)
         return 2
+    # Two guests of one kernel booted at once under emulation start with the same random state:
+    # the host's entropy (the rig's virtio-rng device) makes their random MACs differ.
+    subprocess.run(["modprobe", "virtio-rng"], check=False)
     subprocess.run(["modprobe", "rdma_rxe"], check=False)
     os.makedirs("/var/run/netns", exist_ok=True)
     serve(Path(results) / "channel")

@@ -55,7 +55,7 @@ class Node:
         self.nics: dict[int, str] = {}
         self.booted_s = 0.0
         peer = 2 if index == 1 else 1
-        self.qemu_opts: list[str] = []
+        self.qemu_opts: list[str] = ["-device", "virtio-rng-pci"]  # entropy: see agent.py
         for rail in range(RAILS):
             local, remote = wires / f"n{index}r{rail}", wires / f"n{peer}r{rail}"
             self.qemu_opts += ["-netdev", f"dgram,id=rail{rail},local.type=unix,local.path={local},"

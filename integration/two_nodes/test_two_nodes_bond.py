@@ -54,6 +54,10 @@ print(open(f"/sys/class/net/{name}/speed").read().strip(), open(f"/sys/class/net
 SPEED_UNKNOWN, DUPLEX_UNKNOWN, DUPLEX_FULL = 0xFFFFFFFF, 0xFF, 1
 
 
+def bond_mac(node: int) -> str:
+    return f"52:54:00:b{node}:00:01"
+
+
 def read(node: RdmaNode, path: str) -> str:
     return node.run("cat", path, check=False).stdout.strip()
 
@@ -119,13 +123,18 @@ class LacpPair:
             for nic in node.nics.values():
                 out = node.run("/usr/bin/python3", "-c", ETHTOOL_SET, nic, "10000", str(DUPLEX_FULL)).stdout.split()
                 assert out == ["10000", "full"], f"{node.node.name} {nic}: speed/duplex stayed {out}"
-            node.run("ip", "link", "add", BOND, "type", "bond", "mode", "802.3ad", "miimon", "100",
-                     "lacp_rate", "fast", "xmit_hash_policy", "layer3+4")
+            # The bond's MAC is LACP's system ID. Given none, it gets a random one, and two guests of
+            # one kernel booted at once (no entropy source under emulation) can draw the same: each
+            # bond then takes the other's LACPDUs for its own ("An illegal loopback occurred on
+            # slave") and never aggregates. So each node's bond gets its own, as a NIC has.
+            node.run("ip", "link", "add", BOND, "address", bond_mac(node.index), "type", "bond", "mode", "802.3ad",
+                     "miimon", "100", "lacp_rate", "fast", "xmit_hash_policy", "layer3+4")
             for nic in node.nics.values():
                 node.run("ip", "link", "set", nic, "down")
                 node.run("ip", "link", "set", nic, "master", BOND)
             node.run("ip", "link", "set", BOND, "up")
             self.macs[node.index] = link_json(node, BOND)["address"]
+            assert self.macs[node.index] == bond_mac(node.index), f"bond0 took {self.macs[node.index]}"
         took = {}
         for node in nodes:
             peer = self.macs[node.peer_index]
