@@ -54,7 +54,9 @@ def setup_node(rails: int, extra_interfaces: int = 0) -> None:
         sh("ip", "-n", NODE, "link", "set", f"rail{i}p", "up")
         sh("ip", "-n", NODE, "address", "add", f"fd00:{i + 1}::1:1/64", "dev", f"rail{i}", "nodad")
     if extra_interfaces:
-        batch = "".join(f"link add pv{i} type dummy\nlink set pv{i} up\n" for i in range(extra_interfaces))
+        # veth pairs (this kernel has no dummy driver), both ends up: extra_interfaces links in all
+        batch = "".join(f"link add pv{i} type veth peer name pw{i}\nlink set pv{i} up\nlink set pw{i} up\n"
+                        for i in range(extra_interfaces // 2))
         subprocess.run(["ip", "-n", NODE, "-batch", "-"], input=batch.encode(), check=True)
 
 
