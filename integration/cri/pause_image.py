@@ -11,20 +11,19 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import os
-import platform
 import tarfile
 import tempfile
 from dataclasses import dataclass
-
-from integration.runtime.podman_rig import static_busybox  # one finder for both rigs
 from pathlib import Path
+
+from imagebuild import oci  # the one OCI archive writer (the DaemonSet's image uses it too)
+from integration.runtime.podman_rig import static_busybox  # one finder for both rigs
 
 CACHE_DIR = Path(os.environ.get("RDMA_NETNS_CRI_CACHE", "/var/cache/rdma-netns-cri"))
 REPOSITORY = "localhost/rdma-netns/pause"
 # Bump when the recipe below changes (it is part of the cache key).
-RECIPE = 1
+RECIPE = 2  # 2: written by imagebuild.oci
 # PID 1 of a pod: no default signal action applies to PID 1, hence the explicit trap.
 PAUSE_SCRIPT = b"""#!/bin/sh
 # rdma-netns test pause: hold the pod's namespaces until told to stop.
@@ -36,11 +35,6 @@ done
 """
 
 
-def arch() -> str:
-    """The OCI architecture name of this machine (ctr import keeps only this platform)."""
-    return {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
-
-
 @dataclass(frozen=True)
 class PauseImage:
     name: str      # e.g. localhost/rdma-netns/pause:3f2a...  (the sandbox_image)
@@ -48,64 +42,16 @@ class PauseImage:
     cached: bool   # True when the tarball was already there
 
 
-def _entry(name: str, *, kind: bytes = tarfile.REGTYPE, mode: int = 0o755, size: int = 0,
-           link: str = "") -> tarfile.TarInfo:
-    info = tarfile.TarInfo(name)
-    info.type, info.mode, info.size, info.linkname = kind, mode, size, link
-    info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "root", "root"
-    return info
-
-
 def _layer(busybox: bytes) -> bytes:
     """The rootfs as an uncompressed tar (media type ...layer.v1.tar)."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for folder in ("bin", "dev", "etc", "proc", "run", "sys", "tmp"):
-            tar.addfile(_entry(folder, kind=tarfile.DIRTYPE, mode=0o1777 if folder == "tmp" else 0o755))
-        tar.addfile(_entry("bin/busybox", size=len(busybox)), io.BytesIO(busybox))
+            tar.addfile(oci.entry(folder, kind=tarfile.DIRTYPE, mode=0o1777 if folder == "tmp" else 0o755))
+        tar.addfile(oci.entry("bin/busybox", size=len(busybox)), io.BytesIO(busybox))
         for applet in ("sh", "sleep"):
-            tar.addfile(_entry(f"bin/{applet}", kind=tarfile.SYMTYPE, mode=0o777, link="busybox"))
-        tar.addfile(_entry("pause", size=len(PAUSE_SCRIPT)), io.BytesIO(PAUSE_SCRIPT))
-    return buf.getvalue()
-
-
-def _blob(data: bytes) -> tuple[str, bytes]:
-    return "sha256:" + hashlib.sha256(data).hexdigest(), data
-
-
-def _oci_layout(busybox: bytes, name: str) -> bytes:
-    """oci-layout + index.json + blobs (layer, config, manifest), as one tar."""
-    layer_digest, layer = _blob(_layer(busybox))
-    config_digest, config = _blob(json.dumps({
-        "architecture": arch(), "os": "linux",
-        "config": {"Entrypoint": ["/pause"], "Env": ["PATH=/bin"], "WorkingDir": "/"},
-        "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
-    }, sort_keys=True).encode())
-    manifest_digest, manifest = _blob(json.dumps({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
-                   "digest": config_digest, "size": len(config)},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
-                    "digest": layer_digest, "size": len(layer)}],
-    }, sort_keys=True).encode())
-    index = json.dumps({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.index.v1+json",
-        "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json",
-                       "digest": manifest_digest, "size": len(manifest),
-                       "platform": {"architecture": arch(), "os": "linux"},
-                       "annotations": {"org.opencontainers.image.ref.name": name}}],
-    }, sort_keys=True).encode()
-    files = [("oci-layout", b'{"imageLayoutVersion":"1.0.0"}'), ("index.json", index)]
-    files += [(f"blobs/sha256/{d.split(':')[1]}", data)
-              for d, data in sorted([(layer_digest, layer), (config_digest, config), (manifest_digest, manifest)])]
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for folder in ("blobs", "blobs/sha256"):
-            tar.addfile(_entry(folder, kind=tarfile.DIRTYPE))
-        for path, data in files:
-            tar.addfile(_entry(path, mode=0o644, size=len(data)), io.BytesIO(data))
+            tar.addfile(oci.entry(f"bin/{applet}", kind=tarfile.SYMTYPE, mode=0o777, link="busybox"))
+        tar.addfile(oci.entry("pause", size=len(PAUSE_SCRIPT)), io.BytesIO(PAUSE_SCRIPT))
     return buf.getvalue()
 
 
@@ -121,8 +67,9 @@ def build(cache_dir: Path = CACHE_DIR) -> PauseImage:
     if tarball.exists():
         return PauseImage(name, tarball, cached=True)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=".pause-", suffix=".tmp")
-    with os.fdopen(fd, "wb") as out:
-        out.write(_oci_layout(busybox, name))
+    fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=".pause-", suffix=".oci.tar")
+    os.close(fd)
+    oci.write_archive(Path(tmp), name, [oci.plain_layer(_layer(busybox))],
+                      {"Entrypoint": ["/pause"], "Env": ["PATH=/bin"], "WorkingDir": "/"})
     os.replace(tmp, tarball)  # atomic: concurrent builders write the same bytes
     return PauseImage(name, tarball, cached=False)
