@@ -367,6 +367,9 @@ class KubeletStandIn:
             pod_resources.allocatable = self._allocatable
         self._admit_lock = threading.Lock()  # kubelet admits pods one at a time
         self._grants: dict[tuple[str, str], ContainerGrants] = {}  # (ns, name) -> init + app containers
+        # (ns, name) -> container -> resource -> the plugin's ContainerAllocateResponse (what kubelet
+        # hands the runtime: env, mounts, device nodes, annotations, CDI devices)
+        self._allocations: dict[tuple[str, str], dict[str, dict[str, object]]] = {}
         self.reject_registrations = 0  # answer the next N Register calls with UNAVAILABLE
         self._cond = threading.Condition()
         self._state = _State()
@@ -537,6 +540,7 @@ class KubeletStandIn:
                       for ids in res.values() for i in ids}
             reusable: dict[str, list[str]] = {}
             granted: ContainerGrants = {}
+            answers: dict[str, dict[str, object]] = {}
             for cname, wants, is_init in [*((c, r, True) for c, r in init_requests.items()),
                                           *((c, r, False) for c, r in requests.items())]:
                 granted[cname] = {}
@@ -545,7 +549,8 @@ class KubeletStandIn:
                         continue
                     ids = self._pick(resource, count, in_use, reusable.get(resource, []))
                     try:
-                        self.plugin(resource, timeout=0.5).allocate(ids)
+                        reply = self.plugin(resource, timeout=0.5).allocate(ids)
+                        answers.setdefault(cname, {})[resource] = reply.container_responses[0]
                     except grpc.RpcError as exc:
                         raise AdmissionError(f"Allocate of {resource} {ids} for {cname}: "
                                              f"{exc.code().name}: {exc.details()}") from None
@@ -556,6 +561,7 @@ class KubeletStandIn:
                     else:
                         reusable[resource] = [i for i in reusable.get(resource, []) if i not in ids]
             self._grants[(namespace, name)] = granted
+            self._allocations[(namespace, name)] = answers
             if self.pod_resources is not None:
                 self.pod_resources.set_pod(namespace, name,
                                            {c: granted[c] for c in requests},
@@ -588,8 +594,14 @@ class KubeletStandIn:
         """The pod was deleted: its IDs are free again and it leaves PodResources."""
         with self._admit_lock:
             self._grants.pop((namespace, name), None)
+            self._allocations.pop((namespace, name), None)
             if self.pod_resources is not None:
                 self.pod_resources.remove_pod(namespace, name)
+
+    def allocations(self, namespace: str, name: str, container: str) -> dict[str, object]:
+        """resource -> ContainerAllocateResponse the plugin gave the admitted pod's container."""
+        with self._admit_lock:
+            return dict(self._allocations.get((namespace, name), {}).get(container, {}))
 
     def pod_grants(self, namespace: str, name: str) -> ContainerGrants | None:
         with self._admit_lock:

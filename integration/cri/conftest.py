@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from integration.cri.rig import ContainerdRig, missing_tools
+from integration.cri.rig import CONTAINERD_16, CONTAINERD_17, Containerd, ContainerdRig, missing_tools
 from tests.conftest import installed_executable
 
 # kind -> RunPodSandbox wall times (s); "burst16" -> wall time of 16 concurrent sandboxes.
@@ -20,14 +20,14 @@ def record(kind: str, seconds: float) -> None:
     TIMINGS.setdefault(kind, []).append(seconds)
 
 
-def need_containerd() -> None:
+def need_containerd(containerd: Containerd = CONTAINERD_16) -> None:
     """Skip where the suite cannot run, but fail under CI=true: CI must provide root and the
-    Debian packages (scripts/setup.sh installs them)."""
+    Debian packages (scripts/setup.sh installs them, and containerd 1.7)."""
     why = None
     if os.geteuid() != 0:
         why = "needs root (containerd, runc, veth rails and bridges in the root netns)"
     else:
-        missing = missing_tools()
+        missing = missing_tools(containerd)
         if missing:
             why = f"needs {', '.join(missing)} (scripts/setup.sh installs them)"
     if why:
@@ -36,10 +36,11 @@ def need_containerd() -> None:
         pytest.skip(why)
 
 
-@pytest.fixture(scope="module")
-def rig():
-    need_containerd()
-    r = ContainerdRig(installed_executable())
+@pytest.fixture(scope="module", params=[CONTAINERD_16, CONTAINERD_17], ids=lambda c: f"containerd-{c.label}")
+def rig(request):
+    """A private containerd per module and version: Debian 12's 1.6 and Debian 13's 1.7."""
+    need_containerd(request.param)
+    r = ContainerdRig(installed_executable(), containerd=request.param)
     try:
         r.start()
         REPORT.append(f"containerd {r.cri.version().runtime_version} (CRI {r.cri.version().runtime_api_version}), "

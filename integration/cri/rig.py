@@ -49,10 +49,10 @@ def sh(*args: str, check: bool = True, timeout: float = 60, **kw) -> subprocess.
     return proc
 
 
-def missing_tools() -> list[str]:
+def missing_tools(containerd: "Containerd | None" = None) -> list[str]:
     """What this machine lacks for the suite (empty: all there)."""
-    missing = [tool for tool in ("containerd", "ctr", "runc", "containerd-shim-runc-v2", "nsenter")
-               if shutil.which(tool) is None]
+    missing = [tool for tool in ("runc", "nsenter") if shutil.which(tool) is None]
+    missing += (containerd or CONTAINERD_16).missing()
     missing += [f"{CNI_PLUGINS}/{p}" for p in ("bridge", "host-local", "loopback") if not (CNI_PLUGINS / p).exists()]
     if pause_image.static_busybox() is None:
         missing.append("busybox-static")
@@ -98,14 +98,55 @@ class Network:
     conflist: dict
 
 
+CONTAINERD17_DIR = Path(os.environ.get("RDMA_NETNS_CONTAINERD17_DIR", "/opt/rdma-netns-test/containerd-1.7"))
+
+
+@dataclass(frozen=True)
+class Containerd:
+    """Which containerd a rig runs: Debian 12's 1.6 from PATH, or 1.7 (fetch-containerd.sh) from
+    its own folder, whose shim and ctr then come first on PATH."""
+
+    label: str
+    bin_dir: Path | None  # None: the machine's PATH
+
+    def tool(self, name: str) -> str:
+        return str(self.bin_dir / name) if self.bin_dir else (shutil.which(name) or name)
+
+    @property
+    def cdi(self) -> bool:
+        """containerd 1.7 can inject CDI devices (enable_cdi); 1.6 cannot."""
+        return self.label == "1.7"
+
+    def missing(self) -> list[str]:
+        tools = ("containerd", "ctr", "containerd-shim-runc-v2")
+        if self.bin_dir is None:
+            return [t for t in tools if shutil.which(t) is None]
+        if any(not (self.bin_dir / t).exists() for t in tools):
+            return [f"containerd 1.7 in {self.bin_dir} (integration/cri/fetch-containerd.sh)"]
+        return []
+
+
+CONTAINERD_16 = Containerd("1.6", None)
+CONTAINERD_17 = Containerd("1.7", CONTAINERD17_DIR / "bin")
+
+
 class ContainerdRig:
-    def __init__(self, plugin_executable: str, rails: int = 2) -> None:
+    def __init__(self, plugin_executable: str | None, rails: int = 2, containerd: Containerd = CONTAINERD_16,
+                 cdi_dirs: list[str] | None = None, env: dict[str, str] | None = None) -> None:
+        """plugin_executable: installed behind the recorder as the CNI bin folder's rdma-netns
+        (None: the folder gets only Debian's plugins, and whoever installs rdma-netns writes it);
+        cdi_dirs: containerd 1.7's cdi_spec_dirs (default: the rig's own); env: added to
+        containerd's environment, which libcni passes on to the plugins."""
+        self.containerd = containerd
+        self.extra_env = dict(env or {})
         self.tag = uuid.uuid4().hex[:6]
         self.work = Path(tempfile.mkdtemp(prefix=f"rcri-{self.tag}-", dir="/tmp"))
         self.root, self.state = self.work / "root", self.work / "state"
         self.cni_bin, self.net_dir = self.work / "cni-bin", self.work / "net.d"
         self.calls_dir = self.work / "cni-calls"
         self.rdma_state = self.work / "rdma-state"
+        self.cdi_dir = self.work / "cdi"
+        self.cdi_dirs = cdi_dirs or [str(self.cdi_dir)]  # containerd 1.7's cdi_spec_dirs
         self.ipam4, self.ipam6 = self.work / "ipam4", self.work / "ipam6"
         self.socket = str(self.work / "containerd.sock")
         self.log_path = self.work / "containerd.log"
@@ -121,7 +162,7 @@ class ContainerdRig:
         self._run_dirs_existed = {p: p.exists() for p in (SHIM_SOCKETS, SHIM_SOCKETS.parent, LIBCNI_CACHE,
                                                           LIBCNI_CACHE.parent, *_namespace_cgroups())}
         for folder in (self.root, self.state, self.cni_bin, self.net_dir, self.calls_dir, self.rdma_state,
-                       self.ipam4, self.ipam6, self.work / "runc", self.work / "opt"):
+                       self.ipam4, self.ipam6, self.work / "runc", self.work / "opt", self.cdi_dir):
             folder.mkdir(parents=True)
         try:
             self._install_plugins(plugin_executable)
@@ -134,11 +175,13 @@ class ContainerdRig:
 
     # -- set-up ---------------------------------------------------------------------------------
 
-    def _install_plugins(self, plugin_executable: str) -> None:
+    def _install_plugins(self, plugin_executable: str | None) -> None:
         """Debian's reference plugins plus the rdma-netns launcher behind the recorder."""
         for plugin in CNI_PLUGINS.iterdir():
             if plugin.is_file():
                 os.symlink(plugin, self.cni_bin / plugin.name)
+        if plugin_executable is None:
+            return
         sh(plugin_executable, "install-launcher", str(self.cni_bin / "rdma-netns.real"))
         shutil.copy2(HERE / "cni-record.sh", self.cni_bin / "rdma-netns")
         os.chmod(self.cni_bin / "rdma-netns", 0o755)
@@ -200,6 +243,11 @@ disabled_plugins = [
   conf_dir = "{self.net_dir}"
   max_conf_num = 1
 """)
+        if self.containerd.cdi:  # containerd 1.7: CDI devices named by device plugins / annotations
+            text = (self.work / "config.toml").read_text()
+            dirs = ", ".join(json.dumps(d) for d in self.cdi_dirs)
+            text = text.replace(f"[{cri}]\n", f"[{cri}]\n  enable_cdi = true\n  cdi_spec_dirs = [{dirs}]\n", 1)
+            (self.work / "config.toml").write_text(text)
 
     # -- containerd's life ----------------------------------------------------------------------
 
@@ -209,7 +257,10 @@ disabled_plugins = [
         began = time.perf_counter()
         log = open(self.log_path, "ab")
         env = {k: v for k, v in os.environ.items() if not k.startswith(("CNI_", "CONTAINERD_"))}
-        self.proc = subprocess.Popen(["containerd", "--config", str(self.work / "config.toml")],
+        env.update(self.extra_env)
+        if self.containerd.bin_dir is not None:  # its own shim first
+            env["PATH"] = f"{self.containerd.bin_dir}:{env.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
+        self.proc = subprocess.Popen([self.containerd.tool("containerd"), "--config", str(self.work / "config.toml")],
                                      stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
                                      start_new_session=True)
         log.close()
@@ -233,17 +284,23 @@ disabled_plugins = [
                 raise AssertionError(f"containerd's CRI not ready after {timeout} s:\n{self.log_tail()}")
             time.sleep(0.05)
         if not self._image_imported():
-            sh("ctr", "-a", self.socket, "-n", NAMESPACE, "images", "import", "--snapshotter", "overlayfs",
-               str(self.image.tarball), timeout=120)
+            self.import_image(self.image.tarball)
             if not self._image_imported():
                 raise AssertionError(f"{self.image.name} not listed after import")
         seconds = time.perf_counter() - began
         self.starts.append(seconds)
         return seconds
 
+    def import_image(self, tarball: Path) -> None:
+        """`ctr images import` of an OCI archive into the CRI's namespace."""
+        sh(self.containerd.tool("ctr"), "-a", self.socket, "-n", NAMESPACE, "images", "import",
+           "--snapshotter", "overlayfs", str(tarball), timeout=300)
+
+    def images(self) -> list[str]:
+        return sh(self.containerd.tool("ctr"), "-a", self.socket, "-n", NAMESPACE, "images", "ls", "-q").stdout.split()
+
     def _image_imported(self) -> bool:
-        names = sh("ctr", "-a", self.socket, "-n", NAMESPACE, "images", "ls", "-q").stdout.split()
-        return self.image.name in names
+        return self.image.name in self.images()
 
     def kill(self) -> None:
         """SIGKILL containerd (a crash); its shims and pods keep running."""

@@ -77,6 +77,22 @@ def _check_config(args: argparse.Namespace) -> int:
     return status
 
 
+def _uninstall_node(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from rdma_netns.admin import uninstall
+
+    paths = uninstall.NodePaths(Path(args.host_root), conf_dir=args.conf_dir, cni_bin_dir=args.cni_bin_dir,
+                                cdi_dir=args.cdi_dir)
+    status, lines = uninstall.uninstall(paths, force=args.force)
+    for line in lines:
+        print(("removed " if status == 0 and not line.startswith("kept") else "") + line,
+              file=sys.stdout if status == 0 else sys.stderr)
+    if status == 0:
+        print(f"uninstall-node: nothing of rdma-netns is left under {args.host_root}")
+    return status
+
+
 def _install_launcher(args: argparse.Namespace) -> int:
     from rdma_netns.admin import launcher
 
@@ -165,6 +181,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also resolve it on this node: each rail's netdev and RDMA port, and this node's pod "
                         "range (rangeFromNodeAddress), or the error ADD would give")
     p.set_defaults(func=_check_config)
+    p = sub.add_parser("uninstall-node", help="take rdma-netns off this node: the chained entry out of the primary "
+                       "CNI config (byte for byte), the launcher, the releases, state, sockets and CDI specs; "
+                       "refuses while pods still have rails")
+    p.add_argument("--host-root", default="/", help="the node's root as seen here (the uninstall pod: /host)")
+    p.add_argument("--conf-dir", default="/etc/cni/net.d", help="CNI config folder, under the host root")
+    p.add_argument("--cni-bin-dir", default="/opt/cni/bin", help="CNI bin folder, under the host root")
+    p.add_argument("--cdi-dir", default="/var/run/cdi", help="CDI spec folder, under the host root")
+    p.add_argument("--force", action="store_true", help="also while attachments exist (their DEL will fail)")
+    p.set_defaults(func=_uninstall_node)
     p = sub.add_parser("install-launcher", help="write the CNI executable for a CNI bin folder, e.g. "
                        "/opt/cni/bin/rdma-netns (isolated, fast-starting Python)")
     p.add_argument("dest")
