@@ -13,7 +13,8 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 missing=()
-for pkg in containernetworking-plugins iproute2 iputils-ping podman conmon crun runc busybox-static containerd strace time; do
+for pkg in containernetworking-plugins iproute2 iputils-ping podman conmon crun runc busybox-static containerd strace time \
+           mmdebstrap patchelf; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -31,4 +32,7 @@ fi
 # cache would otherwise ship modules this checkout no longer has).
 rm -rf build
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps --force-reinstall .
+# containerd 1.7 (Debian 13's, read through a private apt state) beside Debian 12's 1.6: the CRI and
+# deploy suites run on both (1.7 for CDI); the machine's own containerd stays 1.6.
+integration/cri/fetch-containerd.sh >/dev/null
 echo "setup.sh: ready ($(.venv/bin/rdma-netns --version))"

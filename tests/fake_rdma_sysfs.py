@@ -263,6 +263,13 @@ class FakeRdmaSysfs:
         for i, kind in ((0, "IB/RoCE v1"), (1, "RoCE v2")):
             self._set_gid(p, i, default, kind, ndev)
 
+    def soft_gid_table(self, name: str, port: int = 1, *, table: int = 1024) -> None:
+        """Soft-RoCE's table: `table` entries, one (RoCE v2) per address; entry 0 as made."""
+        p = self.devices[name].folder / "ports" / str(port)
+        for i in range(1, table):
+            if not (p / f"gids/{i}").exists():
+                _write(p / f"gids/{i}", ZERO_GID)
+
     @staticmethod
     def _set_gid(port_dir: Path, index: int, gid: str, kind: str, ndev: str) -> None:
         _write(port_dir / f"gids/{index}", gid)

@@ -17,8 +17,19 @@ from rdma_netns.config.netconf import NetConfig
 from rdma_netns.spec.errors import PAIRING_UNAVAILABLE, CniError
 
 MAX_ANSWER = 1 << 20
-# Connection errors that mean "no broker here", as opposed to a broker that failed to answer.
-NO_BROKER = (errno.ENOENT, errno.ECONNREFUSED, errno.ENOTDIR, errno.ENOTSOCK, errno.EACCES)
+# Connection errors that mean "no broker here (any more)", as opposed to a broker that failed to
+# answer: never there, or the daemon going away while it was asked (a rolling update terminates it:
+# its socket file may still be there, refusing, or close the connection mid-request). Then kubelet
+# is asked directly, which is slower and never wrong.
+NO_BROKER = (errno.ENOENT, errno.ECONNREFUSED, errno.ENOTDIR, errno.ENOTSOCK, errno.EACCES, errno.ECONNRESET,
+             errno.EPIPE)
+
+
+class BrokerGone(OSError):
+    """The broker closed the connection without an answer (its daemon is stopping)."""
+
+    def __init__(self) -> None:
+        super().__init__(errno.ECONNRESET, "the grants broker closed the connection without an answer")
 
 
 class Grant:
@@ -67,6 +78,8 @@ def _ask_broker(path: str, request: dict, timeout: float) -> dict:
                        "kubelet's PodResources API may be slow; raise podResourcesTimeoutMs") from None
     finally:
         sock.close()
+    if not data:
+        raise BrokerGone()
     try:
         answer = jsonio.loads(data)
     except ValueError:

@@ -59,6 +59,8 @@ class RunningPod:
     volumes: dict[str, tuple[Path, bool]] = field(default_factory=dict)  # name -> (host path, read-only)
     started: float = 0.0
     ready_after: float | None = None  # seconds from RunPodSandbox to every readiness probe passing
+    sandbox_seconds: float = 0.0  # the RunPodSandbox call (the CNI ADDs run inside it)
+    teardown_seconds: float = 0.0  # StopPodSandbox + RemovePodSandbox (the CNI DELs)
 
 
 class MiniKubelet:
@@ -78,8 +80,10 @@ class MiniKubelet:
         try:
             pod.volumes = self._volumes(pod)
             pod.sandbox_config = self._sandbox_config(pod)
+            began = time.perf_counter()
             pod.sandbox_id = self.rig.cri.runtime.RunPodSandbox(
                 cri.RunPodSandboxRequest(config=pod.sandbox_config), timeout=120).pod_sandbox_id
+            pod.sandbox_seconds = time.perf_counter() - began
             self.rig.sandboxes.add(pod.sandbox_id)
             for container in spec.get("initContainers", []):
                 cid = self._create(pod, container)
@@ -127,8 +131,7 @@ class MiniKubelet:
             except Exception:  # noqa: BLE001 - the sandbox's removal below takes what is left
                 pass
         if pod.sandbox_id:
-            self.rig.cri.stop_pod(pod.sandbox_id)
-            self.rig.cri.remove_pod(pod.sandbox_id)
+            pod.teardown_seconds = self.rig.cri.stop_pod(pod.sandbox_id) + self.rig.cri.remove_pod(pod.sandbox_id)
         if self.standin is not None:
             self.standin.forget_pod(pod.namespace, pod.name)
 
@@ -167,10 +170,10 @@ class MiniKubelet:
         init = {c["name"]: {r: int(n) for r, n in (c.get("resources", {}).get("limits") or {}).items()
                             if r.startswith(EXTENDED)}
                 for c in pod.spec.get("initContainers", [])}
-        if any(requests.values()) or any(init.values()):
-            if self.standin is None:
-                raise PodError(f"pod {pod.name} asks for {requests} and this kubelet has no device plugins")
+        if self.standin is not None:  # kubelet knows every pod it runs (PodResources lists it)
             self.standin.admit_pod(pod.namespace, pod.name, requests, init)
+        elif any(requests.values()) or any(init.values()):
+            raise PodError(f"pod {pod.name} asks for {requests} and this kubelet has no device plugins")
 
     def _log_dir(self, pod: RunningPod) -> Path:
         return self.work / "pods" / f"{pod.namespace}_{pod.name}_{pod.uid}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import tempfile
 import threading
@@ -94,7 +95,6 @@ def test_request_carries_the_pod_and_the_answer_comes_back(broker_with):
     (b"not json\n", "no JSON answer"),
     (b"[1, 2]\n", "no JSON answer"),
     (b'{"v": 1, "found": true, "deviceIDs": [1, 2]}\n', "malformed device list"),
-    (None, "no JSON answer"),  # the broker hung up without a word
 ])
 def test_broker_failures_are_107_with_the_reason(broker_with, answer, words):
     b = broker_with(lambda _: answer)
@@ -117,6 +117,25 @@ def test_oversized_answer_is_refused(broker_with):
     with pytest.raises(CniError) as err:
         grants_client.query(net(b.path), "ns", "pod", "")
     assert err.value.code == 107 and "oversized" in err.value.msg
+
+
+def test_a_broker_that_hangs_up_means_asking_kubelet_directly(broker_with):
+    """A daemon being terminated (a rolling update) may accept and close without a word: the plugin
+    then asks kubelet itself, and gets the grant (found in a rollout of the DaemonSet, issue 22)."""
+    from tests.kubelet_standin import PodResourcesStandIn
+
+    b = broker_with(lambda _: None)
+    folder = tempfile.mkdtemp(prefix="rgk-", dir="/tmp")
+    try:
+        with PodResourcesStandIn(f"{folder}/kubelet.sock") as kubelet:
+            kubelet.set_pod("ns", "pod", {"main": {"rdma/hca": ["hca-0007"]}})
+            conf = net(b.path, timeout_ms=2000)
+            conf.pod_resources_socket = f"{folder}/kubelet.sock"
+            grant = grants_client.query(conf, "ns", "pod", "")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    assert (grant.found, grant.device_ids) == (True, ["hca-0007"]) and grant.via != ""
+    assert b.requests, "the broker was asked first"
 
 
 def test_no_broker_means_asking_kubelet_directly(tmp_path):
