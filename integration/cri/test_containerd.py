@@ -264,7 +264,8 @@ def test_cni_calls_as_design_states(rig, tmp_path):
     _save_sample(rig, sid, tmp_path / "containerd-cni-calls.json")
     if os.environ.get("RDMA_NETNS_CRI_SAMPLE"):
         _save_sample(rig, sid, Path(os.environ["RDMA_NETNS_CRI_SAMPLE"]))
-    REPORT.append(f"recorded calls: {tmp_path / 'containerd-cni-calls.json'} (repository copy: {SAMPLE})")
+    REPORT.append(f"containerd {rig.containerd.label}: the same calls, recorded in {tmp_path / 'containerd-cni-calls.json'}"
+                  f" (1.6's repository copy: {SAMPLE})")
 
 
 # -- g. pairing with kubelet's PodResources (contracts A and C) -------------------------------------
