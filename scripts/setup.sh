@@ -2,8 +2,10 @@
 # Install everything rdma-netns needs on a Debian 12 machine, idempotently: Debian's CNI
 # reference plugins (host-local IPAM, and the Go plugins the benchmark compares against),
 # iproute2 and ping for the demo, Podman (with runc and busybox-static: the real-runtime test),
-# strace and GNU time for the benchmarks, and a virtual environment (.venv) with rdma-netns installed
-# the way a node gets it (a real install, byte-compiled; not an editable one).
+# strace and GNU time for the benchmarks, mmdebstrap and patchelf for scripts/build-image.sh,
+# Debian 13's containerd 1.7 beside Debian 12's 1.6 (integration/cri/fetch-containerd.sh), and a
+# virtual environment (.venv) with rdma-netns installed the way a node gets it (a real install,
+# byte-compiled; not an editable one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
