@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import os
 import sys
+from time import monotonic
 
-from rdma_netns import jsonio
+from rdma_netns import events, jsonio
 from rdma_netns.config import loader
 from rdma_netns.spec import versions
 from rdma_netns.spec.env import CniEnv, read_env
@@ -36,7 +37,22 @@ def _emit(value: dict) -> None:
 
 
 def run_cni(environ: dict[str, str] | None = None, stdin: bytes | None = None) -> int:
-    """One CNI invocation: result or error JSON on stdout, exit code 0 or 1."""
+    """One CNI invocation: result or error JSON on stdout, exit code 0 or 1; then one event to
+    the device-plugin daemon's metrics (events.py), which never delays or fails the call."""
+    started = monotonic()
+    events.reset()
+    outcome = {"cmd": (environ if environ is not None else os.environ).get("CNI_COMMAND", ""), "code": 0,
+               "net": "", "fifo": events.DEFAULT_PATH}
+    try:
+        outcome["code"] = code = _run_cni(environ, stdin, outcome)
+        return 0 if code == 0 else 1
+    finally:
+        if outcome["cmd"] != "VERSION":
+            events.send(outcome["fifo"], outcome["cmd"], outcome["code"], monotonic() - started, outcome["net"])
+
+
+def _run_cni(environ: dict[str, str] | None, stdin: bytes | None, outcome: dict) -> int:
+    """run_cni's body: 0, or the CNI error code it wrote on stdout; `outcome` learns the network."""
     error_version = versions.LATEST
     try:
         env = read_env(environ)
@@ -45,6 +61,7 @@ def run_cni(environ: dict[str, str] | None = None, stdin: bytes | None = None) -
             _emit(versions.version_result())
             return 0
         raw = loader.parse_json(data)
+        _describe_network(raw, outcome)
         if raw.get("cniVersion") in versions.SUPPORTED_VERSIONS:
             error_version = raw["cniVersion"]
         if env.command == "DEL":
@@ -80,13 +97,25 @@ def run_cni(environ: dict[str, str] | None = None, stdin: bytes | None = None) -
         return 0
     except CniError as exc:
         _emit(exc.to_json_dict(error_version))
-        return 1
+        return exc.code or INTERNAL_ERROR
     except Exception as exc:  # a bug or an unexpected kernel answer: still a CNI error, never a bare traceback
         import traceback
 
         traceback.print_exc(file=sys.stderr)
         _emit(CniError(INTERNAL_ERROR, f"internal error: {type(exc).__name__}: {exc}").to_json_dict(error_version))
-        return 1
+        return INTERNAL_ERROR
+
+
+def _describe_network(raw: dict, outcome: dict) -> None:
+    """The network's name and events FIFO, read from the raw config before validation: a call
+    whose config is refused still counts (through the default FIFO when its own is unusable)."""
+    name = raw.get("name")
+    if isinstance(name, str) and len(name) <= 128:
+        outcome["net"] = name
+    path = raw.get("eventsFifo")
+    if path == "" or (isinstance(path, str) and path.startswith("/") and len(path.encode()) <= 107
+                      and "\0" not in path):
+        outcome["fifo"] = path
 
 
 def _repeated_del(env: CniEnv, raw: dict) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import errno
 from _socket import AF_UNIX, SOCK_CLOEXEC, SOCK_STREAM, socket
 
-from rdma_netns import jsonio
+from rdma_netns import events, jsonio
 from rdma_netns.config.netconf import NetConfig
 from rdma_netns.spec.errors import PAIRING_UNAVAILABLE, CniError
 
@@ -49,6 +49,7 @@ def query(net: NetConfig, namespace: str, name: str, uid: str) -> Grant:
         request = {"v": 1, "podResourcesSocket": net.pod_resources_socket, "namespace": namespace,
                    "name": name, "uid": uid, "resourceName": net.resource_name,
                    "timeoutMs": net.pod_resources_timeout_ms}
+        events.note("pairing", "broker")
         try:
             # The broker's own kubelet deadline comes first; allow it time to say so.
             return _from_answer(_ask_broker(broker, request, timeout + 0.25), net)
@@ -56,6 +57,7 @@ def query(net: NetConfig, namespace: str, name: str, uid: str) -> Grant:
             if exc.errno not in NO_BROKER:
                 raise CniError(PAIRING_UNAVAILABLE, f"the device plugin's grants broker {broker} failed: "
                                f"{exc.strerror or exc}") from None
+    events.note("pairing", "kubelet")
     return _ask_kubelet(net, namespace, name, timeout)
 
 

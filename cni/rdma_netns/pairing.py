@@ -11,6 +11,7 @@ DEL, CHECK and GC never ask kubelet: it has often forgotten the pod by then; the
 
 from __future__ import annotations
 
+from rdma_netns import events
 from rdma_netns.config.loader import Config
 from rdma_netns.config.netconf import NetConfig
 from rdma_netns.grants_client import Grant, query
@@ -23,6 +24,8 @@ def add(env: CniEnv, cfg: Config) -> dict:
     """ADD behind the pairing gate. A pod that pairing leaves out never loads the attaching code:
     start-up is most of its cost, and most pods on a node ask for no RDMA."""
     grant = granted(env, cfg.net)
+    if grant is not None:
+        events.note("granted", bool(grant.device_ids))
     if attaches_nothing(grant, cfg.prev_result is not None, cfg.net.resource_name or ""):
         return attach_nothing(env, cfg)
     from rdma_netns.commands import add as add_command

@@ -96,6 +96,22 @@ class CdiConfig(_Strict):
         return os.path.abspath(value)
 
 
+class MetricsConfig(_Strict):
+    """Prometheus /metrics (metrics.py) and the FIFO the CNI's per-call events reach it through
+    (cni_events.py). port 0: no metrics, no FIFO."""
+
+    address: str = "0.0.0.0"
+    port: int = Field(0, ge=0, le=65535)
+    cniEventsFifo: str = "/run/rdma-netns/cni-events"  # the CNI config's eventsFifo (same default)
+
+    @field_validator("cniEventsFifo")
+    @classmethod
+    def _events_fifo(cls, value: str) -> str:
+        if not os.path.isabs(value) or len(value.encode()) > MAX_SOCKET_PATH:
+            raise ValueError(f"{value!r} must be an absolute path of at most {MAX_SOCKET_PATH} bytes")
+        return os.path.normpath(value)
+
+
 class DevicePluginConfig(_Strict):
     mode: Literal["shared", "exclusive", "auto"] = "auto"
     kubeletDir: str = "/var/lib/kubelet"
@@ -109,6 +125,7 @@ class DevicePluginConfig(_Strict):
     podGrantsSocket: str = "/run/rdma-netns/pod-grants.sock"
     ensureKernelMode: bool = False
     cdi: CdiConfig = Field(default_factory=CdiConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     resources: list[ResourceConfig] = Field(default_factory=lambda: [ResourceConfig()])
 
     @field_validator("kubeletDir", "sysfsRoot", "devRoot", "cniStateDir", "healthFile")
@@ -186,6 +203,7 @@ def load(path: str | None, overrides: dict) -> DevicePluginConfig:
         source = f"{path} with command-line flags"
     resource_overrides = {k: overrides.pop(k) for k in ("resourceName", "sharedUnits") if k in overrides}
     cdi_overrides = {k: overrides.pop(k) for k in ("cdiEnabled", "cdiSpecDir") if k in overrides}
+    metrics_overrides = {k: overrides.pop(k) for k in ("metricsAddress", "metricsPort") if k in overrides}
     data.update(overrides)
     if resource_overrides:
         resources = data.get("resources") or [{}]
@@ -204,4 +222,11 @@ def load(path: str | None, overrides: dict) -> DevicePluginConfig:
         if "cdiSpecDir" in cdi_overrides:
             cdi["specDir"] = cdi_overrides["cdiSpecDir"]
         data["cdi"] = cdi
+    if metrics_overrides:
+        metrics = dict(data.get("metrics") or {})
+        if "metricsAddress" in metrics_overrides:
+            metrics["address"] = metrics_overrides["metricsAddress"]
+        if "metricsPort" in metrics_overrides:
+            metrics["port"] = metrics_overrides["metricsPort"]
+        data["metrics"] = metrics
     return validate(data, source)

@@ -9,6 +9,7 @@ import os
 import threading
 import time
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from rdma_netns import fsutil
 from rdma_netns.kernel.rdma_devices import DeviceSysfs, RdmaDevice
@@ -19,6 +20,10 @@ from rdma_netns_dp.config import DevicePluginConfig
 from rdma_netns_dp.inventory import Pool
 from rdma_netns_dp.pod_grants import PodGrantsServer
 from rdma_netns_dp.resource_plugin import ResourcePlugin
+
+if TYPE_CHECKING:
+    from rdma_netns_dp.cni_events import CniEventsReceiver
+    from rdma_netns_dp.metrics import DaemonMetrics
 
 log = logging.getLogger("rdma_netns_dp.daemon")
 
@@ -39,12 +44,23 @@ class Daemon:
         # exclusive + CDI: each device as last seen on the host, and, while it is away in a pod,
         # with the char devices the kernel gives it there (the CDI entry stays and follows them)
         self._last_seen: dict[str, RdmaDevice] = {}
+        # The last discovery pass, for the metrics' port series (read at scrape time)
+        self.last_discovery: tuple[list[RdmaDevice], dict[RdmaPort, GidUsage]] = ([], {})
+        self.pod_resources_socket = os.path.join(config.kubeletDir, "pod-resources", "kubelet.sock")
+        self.metrics: DaemonMetrics | None = None
+        self.cni_events: CniEventsReceiver | None = None
+
+    @property
+    def last_blocked(self) -> str | None:
+        """Why the kernel's RDMA netns mode blocks the resources, as of the last pass (None: it does not)."""
+        return self._last_blocked
 
     def poll(self) -> None:
         """One discovery pass: a few sysfs reads per device, plus in shared mode one per GID
         table entry of the selected RoCE ports."""
         devices = self.sysfs.devices()
         gids = self.read_gids(devices)
+        self.last_discovery = (devices, gids)
         blocked = kernel_mode.mismatch(self.mode, self.sysfs)
         if blocked != self._last_blocked:
             (log.error if blocked else log.info)(blocked or "kernel RDMA netns mode now matches",
@@ -151,6 +167,7 @@ class Daemon:
             kernel_mode.ensure(self.mode, self.sysfs)
         interval = self.config.healthIntervalSeconds
         try:
+            self.start_metrics()
             self.start_pod_grants()
             while not self.stop_event.is_set():
                 started = time.monotonic()
@@ -172,14 +189,43 @@ class Daemon:
         here is logged and the device plugin keeps serving."""
         if not self.config.podGrantsSocket:
             return
+        observe = self.metrics.broker_answer if self.metrics else None
         try:
-            self.pod_grants = PodGrantsServer(self.config.podGrantsSocket).start()
+            self.pod_grants = PodGrantsServer(self.config.podGrantsSocket, observe=observe).start()
         except OSError as exc:
             log.error("cannot serve the pod grants broker; the CNI will ask kubelet directly",
                       extra={"socket": self.config.podGrantsSocket, "error": str(exc)})
 
+    def start_metrics(self) -> None:
+        """Serve /metrics and receive the CNI's events, when a port is set. Failing to is logged,
+        never fatal: the node's RDMA does not depend on being watched."""
+        settings = self.config.metrics
+        if not settings.port:
+            return
+        from rdma_netns_dp.cni_events import CniEventsReceiver
+        from rdma_netns_dp.metrics import DaemonMetrics
+
+        self.metrics = DaemonMetrics(self)
+        try:
+            port = self.metrics.serve(settings.address, settings.port)
+            log.info("serving /metrics", extra={"address": settings.address, "port": port})
+        except OSError as exc:
+            log.error("cannot serve /metrics", extra={"address": settings.address, "port": settings.port,
+                                                      "error": str(exc)})
+        try:
+            self.cni_events = CniEventsReceiver(settings.cniEventsFifo, self.metrics.cni_event,
+                                                self.metrics.events_rejected.inc).start()
+        except OSError as exc:
+            log.error("cannot receive CNI events; CNI call metrics stay empty",
+                      extra={"socket": settings.cniEventsFifo, "error": str(exc)})
+
     def shutdown(self) -> None:
         log.info("stopping: removing sockets")
+        if self.cni_events is not None:
+            self.cni_events.stop()
+            self.cni_events = None
+        if self.metrics is not None:
+            self.metrics.stop()
         if self.pod_grants is not None:
             self.pod_grants.stop()
             self.pod_grants = None

@@ -40,6 +40,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--pod-grants-socket", dest="podGrantsSocket",
                        help="the grants broker's socket the CNI asks which devices kubelet gave a pod "
                             "(default /run/rdma-netns/pod-grants.sock; \"\" turns it off)")
+    serve.add_argument("--metrics-address", dest="metricsAddress",
+                       help="address /metrics listens on (default 0.0.0.0)")
+    serve.add_argument("--metrics-port", dest="metricsPort", type=int,
+                       help="port of Prometheus /metrics (default 0: off)")
     serve.add_argument("--cni-state-dir", dest="cniStateDir", help="the CNI plugin's state folder")
     serve.add_argument("--sysfs-root", dest="sysfsRoot", help=argparse.SUPPRESS)
     serve.add_argument("--dev-root", dest="devRoot", help=argparse.SUPPRESS)

@@ -35,6 +35,7 @@ MAX_TIMEOUT_MS = 10000
 READ_TIMEOUT = 5.0  # a client that connects and says nothing does not keep a thread for long
 
 Query = Callable[[str, str, str, str, float], podresources.PodGrant]
+Observe = Callable[[str, float], None]  # (result, seconds) of each answer: the metrics
 
 
 class BadRequest(ValueError):
@@ -126,7 +127,10 @@ class _Handler(socketserver.BaseRequestHandler):
             sock.sendall(json.dumps(reply).encode() + b"\n")
         except OSError:
             pass  # the CNI gave up (its own timeout); the answer is logged anyway
-        ms = round((time.monotonic() - started) * 1000, 1)
+        seconds = time.monotonic() - started
+        if self.server.observe is not None:
+            self.server.observe(reply.get("error") or ("found" if reply["found"] else "not_found"), seconds)
+        ms = round(seconds * 1000, 1)
         pod = f"{request.get('namespace', '?')}/{request.get('name', '?')}"
         if "error" in reply:
             log.warning("pod grant", extra={"pod": pod, "error": reply["error"], "detail": reply["msg"], "ms": ms})
@@ -141,13 +145,15 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
     request_queue_size = 128  # a burst of pod starts is many ADDs at once
     query: Query
+    observe: Observe | None = None
 
 
 class PodGrantsServer:
     """The broker: start() binds and serves in a thread, stop() ends it and removes the socket."""
 
-    def __init__(self, socket_path: str, query: Query | None = None) -> None:
+    def __init__(self, socket_path: str, query: Query | None = None, observe: Observe | None = None) -> None:
         self.socket_path = socket_path
+        self.observe = observe
         self.channels = podresources.ChannelPool()
         self.query = query or functools.partial(podresources.pod_device_ids, pool=self.channels)
         self._server: _Server | None = None
@@ -163,6 +169,7 @@ class PodGrantsServer:
             os.chmod(folder, 0o700)  # makedirs' mode is filtered by the umask
         server = _Server(self.socket_path, _Handler, bind_and_activate=False)
         server.query = self.query
+        server.observe = self.observe
         tmp = f"{self.socket_path}.{os.getpid()}.tmp"
         try:
             fsutil.remove(tmp)

@@ -137,6 +137,36 @@ def _ask(channel, path: str, namespace: str, name: str, resource: str, deadline:
     return PodGrant(bool(pods), _device_ids(pods, resource), "List")
 
 
+def allocated_counts(socket_path: str, resources: list[str], timeout: float,
+                     pool: ChannelPool | None = None) -> dict[str, int]:
+    """Device IDs of each of `resources` that kubelet has allocated to pods now (one List)."""
+    import grpc
+
+    from rdma_netns_dp.api.podresources.v1 import api_pb2, api_pb2_grpc
+
+    path = os.path.abspath(socket_path)
+    if not os.path.exists(path):
+        raise PodResourcesUnavailable("unreachable", f"no kubelet PodResources socket at {path}")
+    channel = pool.get(path) if pool is not None else _new_channel(path)
+    try:
+        listing = api_pb2_grpc.PodResourcesListerStub(channel).List(api_pb2.ListPodResourcesRequest(),
+                                                                     timeout=timeout)
+    except grpc.RpcError as exc:
+        if pool is not None:
+            pool.drop(path, channel)
+        raise _unavailable(exc, path, "List") from None
+    finally:
+        if pool is None:
+            channel.close()
+    ids: dict[str, set[str]] = {name: set() for name in resources}
+    for pod in listing.pod_resources:
+        for container in pod.containers:
+            for devices in container.devices:
+                if devices.resource_name in ids:
+                    ids[devices.resource_name].update(devices.device_ids)
+    return {name: len(found) for name, found in ids.items()}
+
+
 def _remaining(deadline: float) -> float:
     """Seconds left; a tiny positive value once spent, so gRPC reports DEADLINE_EXCEEDED."""
     return max(0.001, deadline - time.monotonic())

@@ -62,6 +62,10 @@ class ResourcePlugin:
         self._next_attempt = 0.0
         self._backoff = BACKOFF_FIRST
         self._last_failure: str | None = None
+        # For the metrics (metrics.py reads them at scrape time)
+        self.registrations_ok = 0
+        self.registrations_failed = 0
+        self.kubelet_restarts = 0
 
     @property
     def registered(self) -> bool:
@@ -108,6 +112,7 @@ class ResourcePlugin:
             if self.server is not None:
                 log.warning("our socket is gone (kubelet restarted?): serving again",
                             extra={"resource": self.pool.resource.name, "socket": self.socket_path})
+                self.kubelet_restarts += 1
             self._start_server()
             self._next_attempt = 0.0
             self._backoff = BACKOFF_FIRST
@@ -126,6 +131,7 @@ class ResourcePlugin:
         if self._registered_with is not None:
             log.warning("kubelet.sock was re-created (kubelet restarted): registering again",
                         extra={"resource": self.pool.resource.name})
+            self.kubelet_restarts += 1
             self._registered_with = None
             self._next_attempt = 0.0
             self._backoff = BACKOFF_FIRST
@@ -134,6 +140,7 @@ class ResourcePlugin:
         try:
             register(self.kubelet_socket, self.socket_name, self.pool.resource.name, self.servicer.options())
         except RegistrationFailed as exc:
+            self.registrations_failed += 1
             reason = str(exc)
             if reason != self._last_failure:
                 log.warning("registration with kubelet failed; retrying with back-off: %s", reason,
@@ -145,6 +152,7 @@ class ResourcePlugin:
             self._backoff = min(self._backoff * 2, BACKOFF_MAX)
             return
         self._registered_with = kubelet or _inode(self.kubelet_socket)
+        self.registrations_ok += 1
         self._last_failure = None
         self._backoff = BACKOFF_FIRST
         log.info("registered with kubelet", extra={"resource": self.pool.resource.name,

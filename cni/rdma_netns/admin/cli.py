@@ -143,6 +143,11 @@ def _cni_conf(args: argparse.Namespace) -> int:
             print(f"tracked: {'yes' if info['tracked'] else 'no'}")
             if info["runtimeUses"] != info["primary"]:
                 print(f"note: the runtime uses {info['runtimeUses']} (it sorts first)")
+        if args.require_entry and not (info["entry"] and info["runtimeUses"] == info["primary"]):
+            # A readiness probe: pods started now would get no rails.
+            cni_conf.log(f"not ready: no {cni_conf.PLUGIN_TYPE} entry in the CNI config the runtime uses "
+                         f"({info['runtimeUses'] or 'none yet'} in {conf_dir})")
+            return 1
         return 0
     except cni_conf.CniConfError as exc:
         cni_conf.log(str(exc))
@@ -206,6 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interval", type=float, default=1.0, help="watch: seconds between looks (default 1)")
     p.add_argument("--keep-on-exit", action="store_true", help="watch: leave the entry in place on SIGTERM")
     p.add_argument("--json", action="store_true", help="show: print JSON")
+    p.add_argument("--require-entry", action="store_true",
+                   help="show: exit 1 unless the config the runtime uses carries the entry (a readiness probe)")
     p.set_defaults(func=_cni_conf)
     return parser
 

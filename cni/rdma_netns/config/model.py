@@ -22,6 +22,7 @@ from rdma_netns.config.loader import (
     TEARDOWN_DEFAULTS,
 )
 from rdma_netns.config.netconf import DEFAULT_GID_WAIT_MS
+from rdma_netns.events import DEFAULT_PATH as DEFAULT_EVENTS_FIFO
 from rdma_netns.spec.env import valid_ifname
 
 NETWORK_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.\-]*\Z")
@@ -139,6 +140,8 @@ class NetConf(Strict):
     podResourcesSocket: str = DEFAULT_POD_RESOURCES_SOCKET
     podResourcesTimeoutMs: int = Field(default=500, ge=1, le=10000)
     podGrantsSocket: str = DEFAULT_POD_GRANTS_SOCKET
+    # Where each call's metrics event goes (events.py; the device plugin's metrics); "" = nowhere.
+    eventsFifo: str = DEFAULT_EVENTS_FIFO
     # Issue 17: what a pod's containers learn of their rails (pod_info.py, pod_cdi.py).
     podInfoDir: str = DEFAULT_POD_INFO_DIR  # "" = publish nothing
     cdiSpecDir: str = DEFAULT_CDI_SPEC_DIR
@@ -167,11 +170,11 @@ class NetConf(Strict):
             raise ValueError(f"{value!r} is not an extended resource name like rdma/hca")
         return value
 
-    @field_validator("podResourcesSocket", "podGrantsSocket")
+    @field_validator("podResourcesSocket", "podGrantsSocket", "eventsFifo")  # the FIFO: same limits
     @classmethod
     def _socket_path(cls, value: str, info: Any) -> str:
-        if value == "" and info.field_name == "podGrantsSocket":
-            return value  # "" = ask kubelet directly
+        if value == "" and info.field_name in ("podGrantsSocket", "eventsFifo"):
+            return value  # "" = ask kubelet directly; send no events
         if not value.startswith("/") or "\0" in value or ".." in value.split("/") \
                 or len(value.encode()) > MAX_SOCKET_PATH:
             raise ValueError(f"must be an absolute unix socket path of at most {MAX_SOCKET_PATH} bytes")

@@ -1,0 +1,63 @@
+"""Tell the device-plugin daemon what one CNI call did, for its Prometheus metrics.
+
+The CNI is a short-lived process: it cannot be scraped, and it must never wait for, or fail
+because of, a metrics consumer. So each call writes one JSON line to the daemon's FIFO (default
+/run/rdma-netns/cni-events, the folder of the grants broker) and forgets it. A FIFO, not a
+socket: opening and writing one needs only `os`, which every call has loaded, while the socket
+module costs 0.1-0.3 ms to import, more than this whole step may take. Opened non-blocking, it
+fails at once when no daemon reads it (ENXIO), when it is absent (ENOENT), or when its buffer
+is full (EAGAIN): the event is dropped and the call goes on. A line of at most PIPE_BUF (4096)
+bytes is written whole or not at all, so concurrent calls never interleave. Only a FIFO is written
+to: a symlink or a regular file at the path is left alone. Cost: integration/bench/cni_events_cost.py.
+
+The event (contract C, read by rdma_netns_dp.cni_events), one line:
+  {"v": 1, "cmd": "ADD", "code": 0, "s": 0.0214, "net": "rdma-8rails",
+   "pairing": "broker"|"kubelet"|"", "granted": true|false|null}
+`code` is 0 for success, else the CNI error code written on stdout. `s` is the time from the start
+of the call's own code to its answer (the interpreter's start-up, a few ms, is not in it).
+"""
+
+from __future__ import annotations
+
+import os
+
+from rdma_netns import jsonio
+
+DEFAULT_PATH = "/run/rdma-netns/cni-events"
+PIPE_BUF = 4096
+_FIFO = 0o010000
+_FILE_TYPE = 0o170000
+
+# What the call learned on the way, filled by the code that learns it (one call per process;
+# run_cni resets it for in-process callers such as the tests).
+call: dict[str, object] = {}
+
+
+def reset() -> None:
+    call.clear()
+
+
+def note(key: str, value: object) -> None:
+    call[key] = value
+
+
+def send(path: str, command: str, code: int, seconds: float, network: str) -> None:
+    """One line to the FIFO at `path`, never blocking, never raising. "" turns events off."""
+    if not path:
+        return
+    event = {"v": 1, "cmd": command, "code": code, "s": round(seconds, 6), "net": network,
+             "pairing": call.get("pairing", ""), "granted": call.get("granted")}
+    try:
+        line = (jsonio.dumps(event) + "\n").encode()
+        if len(line) > PIPE_BUF:
+            return
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except (OSError, ValueError, TypeError):
+        return  # no daemon reading, no FIFO, a path too long: the call itself is what matters
+    try:
+        if os.fstat(fd).st_mode & _FILE_TYPE == _FIFO:
+            os.write(fd, line)
+    except OSError:
+        pass  # EAGAIN: the daemon is behind; this event is dropped
+    finally:
+        os.close(fd)

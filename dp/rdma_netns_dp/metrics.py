@@ -1,0 +1,222 @@
+"""The daemon's Prometheus metrics: what the node advertises, holds and does, on /metrics.
+
+Two kinds of series:
+- state, read when Prometheus scrapes (NodeCollector): units per resource (advertised, healthy,
+  allocated as kubelet's PodResources List says), RDMA ports (state, GID table fill, from the
+  daemon's last discovery pass, at most one health interval old), pods per rail (the CNI's state
+  files), registration and kubelet restarts (counted by each ResourcePlugin);
+- events, counted as they happen: every CNI call (cni_events.py receives what each call sends),
+  every grants broker answer.
+Names follow Prometheus' conventions: rdma_netns_ prefix, base units (seconds), _total counters,
+no unbounded labels (a CNI error code is one of the spec's few, a command one of six).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import Counter as Tally
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.process_collector import ProcessCollector
+
+from rdma_netns.state import network_folders, read_state
+from rdma_netns_dp import podresources
+
+if TYPE_CHECKING:
+    from rdma_netns_dp.daemon import Daemon
+
+log = logging.getLogger("rdma_netns_dp.metrics")
+
+CNI_COMMANDS = ("ADD", "DEL", "CHECK", "STATUS", "GC")
+# The runtime's whole ADD budget is seconds (IPv6 DAD alone is 1.5 s in Go plugins): buckets from
+# a fast chained pass-through (~10 ms) to a stuck IPAM delegate.
+CNI_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+BROKER_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+PORT_STATES = ("DOWN", "INIT", "ARMED", "ACTIVE", "ACTIVE_DEFER")
+POD_RESOURCES_TIMEOUT = 1.0  # a scrape must not hang on a stuck kubelet
+
+
+class DaemonMetrics:
+    """The registry and the event counters; serve() exposes them over HTTP."""
+
+    def __init__(self, daemon: Daemon | None = None) -> None:
+        disable_created_metrics()  # the _created series double every counter for no use here
+        self.registry = CollectorRegistry(auto_describe=True)
+        ProcessCollector(registry=self.registry)
+        self.cni_calls = Counter("rdma_netns_cni_calls", "CNI calls by command and result code (0 = success)",
+                                 ["command", "code"], registry=self.registry)
+        self.cni_seconds = Histogram("rdma_netns_cni_call_duration_seconds",
+                                     "Time a CNI call took, from its own code's start to its answer",
+                                     ["command"], buckets=CNI_BUCKETS, registry=self.registry)
+        self.pairing = Counter("rdma_netns_cni_pairing", "How ADDs learned the pod's grant: through the "
+                               "grants broker or kubelet itself (the fallback), and the outcome",
+                               ["via", "outcome"], registry=self.registry)
+        self.events_rejected = Counter("rdma_netns_cni_events_rejected", "CNI events not understood",
+                                       registry=self.registry)
+        self.broker_requests = Counter("rdma_netns_grants_broker_requests",
+                                       "Grants broker answers by result (found, not_found, or the error kind)",
+                                       ["result"], registry=self.registry)
+        self.broker_seconds = Histogram("rdma_netns_grants_broker_request_duration_seconds",
+                                        "Time the grants broker took to answer (kubelet's part included)",
+                                        buckets=BROKER_BUCKETS, registry=self.registry)
+        for command in CNI_COMMANDS:  # every command's series exist from the start (rate() needs a 0)
+            self.cni_seconds.labels(command)
+        self.server = None
+        if daemon is not None:
+            self.registry.register(NodeCollector(daemon))
+
+    def cni_event(self, command: str, code: int, seconds: float, pairing: str, granted: bool | None) -> None:
+        self.cni_calls.labels(command, str(code)).inc()
+        self.cni_seconds.labels(command).observe(seconds)
+        if pairing:
+            outcome = ("granted" if granted else "not_granted" if granted is False
+                       else "unavailable" if code == 107 else "error")
+            self.pairing.labels(pairing, outcome).inc()
+
+    def broker_answer(self, result: str, seconds: float) -> None:
+        self.broker_requests.labels(result).inc()
+        self.broker_seconds.observe(seconds)
+
+    def serve(self, address: str, port: int) -> int:
+        """Serve /metrics; returns the port (the one the kernel chose when `port` is 0)."""
+        self.server, _thread = start_http_server(port, address, registry=self.registry)
+        return self.server.server_port
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+
+
+class NodeCollector:
+    """The node's state, read at scrape time from the daemon and the CNI's state files."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        self.channels = podresources.ChannelPool()
+
+    def describe(self) -> list[Metric]:
+        return []  # the series depend on what is on the node; no registration-time check
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.resources()
+        yield from self.ports()
+        yield self.rail_pods()
+
+    def resources(self) -> Iterator[Metric]:
+        d = self.daemon
+        units = GaugeMetricFamily("rdma_netns_units", "Units advertised to kubelet", labels=["resource"])
+        healthy = GaugeMetricFamily("rdma_netns_units_healthy", "Units advertised Healthy", labels=["resource"])
+        registered = GaugeMetricFamily("rdma_netns_registered", "1 while kubelet has the resource registered",
+                                       labels=["resource"])
+        registrations = CounterMetricFamily("rdma_netns_kubelet_registrations",
+                                            "Registration attempts with kubelet by result",
+                                            labels=["resource", "result"])
+        restarts = CounterMetricFamily("rdma_netns_kubelet_restarts", "kubelet restarts seen (its socket or "
+                                       "ours re-created after a registration)", labels=["resource"])
+        for plugin in d.plugins:
+            name = plugin.pool.resource.name
+            _, snapshot = plugin.pool.snapshot()
+            units.add_metric([name], len(snapshot))
+            healthy.add_metric([name], sum(1 for u in snapshot if u.healthy))
+            registered.add_metric([name], 1 if plugin.registered else 0)
+            registrations.add_metric([name, "ok"], plugin.registrations_ok)
+            registrations.add_metric([name, "failed"], plugin.registrations_failed)
+            restarts.add_metric([name], plugin.kubelet_restarts)
+        yield from (units, healthy, registered, registrations, restarts)
+        blocked = GaugeMetricFamily("rdma_netns_kernel_mode_mismatch", "1 while the kernel's RDMA netns mode "
+                                    "is not the one the resources need (every unit Unhealthy)")
+        blocked.add_metric([], 1 if d.last_blocked else 0)
+        yield blocked
+        yield from self.allocated()
+
+    def allocated(self) -> Iterator[Metric]:
+        """Units kubelet has given to pods: its own PodResources List (the plugin is told of an
+        allocation but never of its end)."""
+        d = self.daemon
+        up = GaugeMetricFamily("rdma_netns_kubelet_pod_resources_up",
+                               "1 when kubelet's PodResources API answered this scrape")
+        names = [p.pool.resource.name for p in d.plugins]
+        try:
+            counts = podresources.allocated_counts(d.pod_resources_socket, names, POD_RESOURCES_TIMEOUT,
+                                                   pool=self.channels)
+        except podresources.PodResourcesUnavailable as exc:
+            log.debug("PodResources List failed", extra={"error": str(exc)})
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        allocated = GaugeMetricFamily("rdma_netns_units_allocated", "Units kubelet has allocated to pods",
+                                      labels=["resource"])
+        for name in names:
+            allocated.add_metric([name], counts.get(name, 0))
+        yield allocated
+
+    def ports(self) -> Iterator[Metric]:
+        devices, gids = self.daemon.last_discovery
+        up = GaugeMetricFamily("rdma_netns_port_up", "1 while the RDMA port is ACTIVE", labels=["device", "port"])
+        state = GaugeMetricFamily("rdma_netns_port_state", "The RDMA port's state (1 for the current one)",
+                                  labels=["device", "port", "state"])
+        used = GaugeMetricFamily("rdma_netns_gid_entries_used", "GID table entries in use",
+                                 labels=["device", "port"])
+        size = GaugeMetricFamily("rdma_netns_gid_entries", "GID table size", labels=["device", "port"])
+        per_address = GaugeMetricFamily("rdma_netns_gid_entries_per_address",
+                                        "GID entries each IP address takes (mlx5: 2, Soft-RoCE: 1)",
+                                        labels=["device", "port"])
+        free = GaugeMetricFamily("rdma_netns_gid_free_addresses",
+                                 "IP addresses the GID table can still take (0: pods get no GID)",
+                                 labels=["device", "port"])
+        in_pods = GaugeMetricFamily("rdma_netns_gid_entries_in_pods", "GID entries of pods' interfaces",
+                                    labels=["device", "port"])
+        for device in devices:
+            for port in device.ports:
+                labels = [device.name, str(port.number)]
+                up.add_metric(labels, 1 if port.active else 0)
+                states = PORT_STATES if port.state in PORT_STATES else (*PORT_STATES, port.state)
+                for s in states:
+                    state.add_metric([*labels, s], 1 if s == port.state else 0)
+        for rdma_port, usage in sorted(gids.items(), key=lambda item: (item[0].device, item[0].port)):
+            labels = [rdma_port.device, str(rdma_port.port)]
+            used.add_metric(labels, usage.used)
+            size.add_metric(labels, usage.total)
+            per_address.add_metric(labels, usage.per_address)
+            free.add_metric(labels, usage.free_addresses)
+            in_pods.add_metric(labels, usage.in_pods)
+        yield from (up, state, used, size, per_address, free, in_pods)
+
+    def rail_pods(self) -> Metric:
+        """Attachments per host netdev, from the CNI's state records (the daemon's own view of what
+        pods hold: the same files DEL and GC read)."""
+        pods = GaugeMetricFamily("rdma_netns_rail_pods", "Pod attachments on each host netdev (rail)",
+                                 labels=["netdev"])
+        for netdev, count in sorted(rail_attachments(self.daemon.config.cniStateDir).items()):
+            pods.add_metric([netdev], count)
+        return pods
+
+
+def rail_attachments(state_dir: str) -> dict[str, int]:
+    """Host netdev -> attachments recorded on it, from the CNI's state files."""
+    tally: Tally[str] = Tally()
+    for network in network_folders(state_dir):
+        folder = os.path.join(state_dir, network)
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        for name in names:
+            if not name.endswith(".json") or ":" not in name:
+                continue
+            state = read_state(os.path.join(folder, name))
+            if state is None:
+                continue
+            for rail in state.rails:
+                netdev = rail.get("netdev")
+                if isinstance(netdev, str) and netdev:
+                    tally[netdev] += 1
+    return dict(tally)
