@@ -69,10 +69,16 @@ def wheels(cache: Path, into: Path) -> None:
     deps = cache / "wheels"
     deps.mkdir(exist_ok=True)
     platforms = [arg for p in PLATFORMS for arg in ("--platform", p)]
+    # pip download copies our wheel into the cache too, and a later build of the same version
+    # would then resolve the dependencies of that stale copy ("already downloaded"): never keep it.
+    for stale in deps.glob("rdma_netns-*.whl"):
+        stale.unlink()
     subprocess.run([*pip, "download", "-d", str(deps), "--only-binary=:all:", *platforms, "--python-version", "3.11",
                     "--implementation", "cp", str(ours)], check=True)
     for wheel in deps.glob("*.whl"):
-        if not wheel.name.startswith("rdma_netns-"):
+        if wheel.name.startswith("rdma_netns-"):
+            wheel.unlink()
+        else:
             shutil.copy2(wheel, into / wheel.name)
 
 

@@ -147,9 +147,41 @@ def test_the_training_pod_gets_eth0_and_rails_and_through_cdi_its_settings(node,
         assert "NCCL_IB_HCA=" in nccl and "rxe0" in nccl and "NCCL_IB_GID_INDEX=1" in nccl, nccl
         REPORT.append(f"training pod: unit {grants}, CDI device rdma-netns.io/pod={grants[0]} resolved by containerd "
                       f"1.7: NCCL/UCX env, rails.json, {sorted(devices.split())}")
+        # The DaemonSet's /metrics saw the ADD that containerd ran on the host (its event through
+        # /run/rdma-netns/cni-events) and counts the pod on both rails and its unit as allocated.
+        metrics = scrape(node)
+        assert metric(metrics, 'rdma_netns_cni_calls_total{command="ADD",code="0"}') >= 1, metrics[-3000:]
+        assert metric(metrics, 'rdma_netns_cni_pairing_total{outcome="granted",via="broker"}') >= 1
+        for rail in node.rig.rails:
+            assert metric(metrics, f'rdma_netns_rail_pods{{netdev="{rail}"}}') == 1
+        assert metric(metrics, 'rdma_netns_units_allocated{resource="rdma/hca"}') >= 1
+        assert metric(metrics, 'rdma_netns_registered{resource="rdma/hca"}') == 1
     finally:
         node.kubelet_driver.stop(pod, grace=2)
     assert not list(Path("/var/lib/cni/rdma-netns").glob("*/*:*.json")), "DEL left an attachment record"
+
+
+def scrape(node) -> str:
+    """The device plugin's /metrics, fetched from inside its container (the manifest's port) by the
+    image's own Python (the interpreter rdma-netns-dp's first line names)."""
+    fetch = "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9478/metrics', timeout=5).read().decode())"
+    reply = node.kubelet_driver.exec(STATE["ds"], "rdma-netns-dp",
+                                     ["/bin/sh", "-c", 'exec $(sed -n "1s/^#!//p" "$(command -v rdma-netns-dp)") -c "$0"',
+                                      fetch])
+    assert reply.exit_code == 0, reply.stderr.decode()
+    return reply.stdout.decode()
+
+
+def metric(exposition: str, series: str) -> float:
+    """One series' value in an exposition (labels in the order the daemon writes them)."""
+    name, _, labels = series.partition("{")
+    wanted = set(labels.rstrip("}").split(",")) if labels else set()
+    for line in exposition.splitlines():
+        head, _, value = line.rpartition(" ")
+        line_name, _, line_labels = head.partition("{")
+        if line_name == name and set(filter(None, line_labels.rstrip("}").split(","))) == wanted:
+            return float(value)
+    raise AssertionError(f"{series} not in the scrape")
 
 
 def test_a_pod_without_rdma_hca_gets_eth0_only(node, images):
