@@ -199,6 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "/opt/cni/bin/rdma-netns (isolated, fast-starting Python)")
     p.add_argument("dest")
     p.set_defaults(func=_install_launcher)
+    from rdma_netns.admin import status_render  # `status`: its flags and runner live there
+
+    status_render.add_parser(sub)
     p = sub.add_parser("cni-conf", help="chain the rdma-netns entry into the node's primary CNI config "
                        "(the first file of the conf dir): insert, remove, watch (re-insert when the primary "
                        "CNI rewrites it; remove on SIGTERM), show")
