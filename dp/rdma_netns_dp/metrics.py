@@ -117,8 +117,8 @@ class NodeCollector:
         registrations = CounterMetricFamily("rdma_netns_kubelet_registrations",
                                             "Registration attempts with kubelet by result",
                                             labels=["resource", "result"])
-        restarts = CounterMetricFamily("rdma_netns_kubelet_restarts", "kubelet restarts seen (its socket or "
-                                       "ours re-created after a registration)", labels=["resource"])
+        restarts = CounterMetricFamily("rdma_netns_kubelet_restarts", "kubelet restarts seen (a new "
+                                       "kubelet.sock)", labels=["resource"])
         for plugin in d.plugins:
             name = plugin.pool.resource.name
             _, snapshot = plugin.pool.snapshot()

@@ -59,6 +59,7 @@ class ResourcePlugin:
         self._serving_inode: tuple[int, int, int] | None = None
         self._registered_with: tuple[int, int, int] | None = None  # kubelet.sock identity we registered with
         self._kubelet_seen: tuple[int, int, int] | None = None     # kubelet.sock identity at the last tick
+        self._kubelet_known: tuple[int, int, int] | None = None    # the last kubelet.sock that existed
         self._next_attempt = 0.0
         self._backoff = BACKOFF_FIRST
         self._last_failure: str | None = None
@@ -112,7 +113,6 @@ class ResourcePlugin:
             if self.server is not None:
                 log.warning("our socket is gone (kubelet restarted?): serving again",
                             extra={"resource": self.pool.resource.name, "socket": self.socket_path})
-                self.kubelet_restarts += 1
             self._start_server()
             self._next_attempt = 0.0
             self._backoff = BACKOFF_FIRST
@@ -124,6 +124,11 @@ class ResourcePlugin:
             # earned against the previous one no longer applies.
             self._kubelet_seen = kubelet
             if kubelet is not None:
+                # A kubelet.sock other than the last one seen: one kubelet restart (however many
+                # ticks its stop, socket wipe and start are spread over).
+                if self._kubelet_known is not None and kubelet != self._kubelet_known:
+                    self.kubelet_restarts += 1
+                self._kubelet_known = kubelet
                 self._next_attempt = 0.0
                 self._backoff = BACKOFF_FIRST
         if kubelet is not None and kubelet == self._registered_with:
@@ -131,7 +136,6 @@ class ResourcePlugin:
         if self._registered_with is not None:
             log.warning("kubelet.sock was re-created (kubelet restarted): registering again",
                         extra={"resource": self.pool.resource.name})
-            self.kubelet_restarts += 1
             self._registered_with = None
             self._next_attempt = 0.0
             self._backoff = BACKOFF_FIRST

@@ -289,3 +289,28 @@ def test_the_cni_never_waits_for_or_fails_because_of_the_metrics(node, monitored
     finally:
         os.close(reader)
     assert "rdma0" not in node.links(pod)
+
+
+def test_a_kubelet_restart_a_port_going_down_and_a_filling_gid_table_show(node, monitored):
+    """What an admin alerts on: kubelet restarts (counted, registration again), a port DOWN, and a
+    GID table whose free addresses run out (the units Healthy shrink with it)."""
+    m = monitored
+    m.kubelet.restart()
+    m.wait_value('rdma_netns_kubelet_restarts_total{resource="rdma/hca"}', 1)
+    m.wait_value('rdma_netns_kubelet_registrations_total{resource="rdma/hca",result="ok"}', 2)
+    m.wait_value('rdma_netns_registered{resource="rdma/hca"}', 1)
+
+    m.fake.set_port_state("mlx5_3", "DOWN")
+    m.wait_value('rdma_netns_port_up{device="mlx5_3",port="1"}', 0)
+    m.wait_value('rdma_netns_port_state{device="mlx5_3",port="1",state="DOWN"}', 1)
+
+    # rxe0's table: fill all but 3 entries with the host's own addresses (a netdev of this node, so
+    # not pods'): the node then takes 3 more RDMA pods, and only 3 units stay Healthy.
+    host_netdev = sorted(p.name for p in (m.fake.sys / "class" / "net").iterdir())[0]
+    used = m.value('rdma_netns_gid_entries_used{device="rxe0",port="1"}')
+    for i in range(int(1024 - used - 3)):
+        m.fake.add_gid("rxe0", f"fd00:0099:0000:0000:0000:0000:{i >> 16:04x}:{i & 0xffff:04x}", host_netdev)
+    m.wait_value('rdma_netns_gid_free_addresses{device="rxe0",port="1"}', 3, timeout=60)
+    assert m.value('rdma_netns_gid_entries_in_pods{device="rxe0",port="1"}') == 0
+    m.wait_value('rdma_netns_units_healthy{resource="rdma/hca"}', 3, timeout=60)
+    assert m.value('rdma_netns_units{resource="rdma/hca"}') == 1000
