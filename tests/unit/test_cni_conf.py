@@ -506,3 +506,18 @@ def test_watch_never_shows_a_runtime_a_partial_file(node: Node, watcher_factory)
     assert seen["bad"] == [] and seen["reads"] > 100
     code, _ = w.stop()
     assert code == 0 and primary.read_text() == CALICO.replace('"mtu": 0', '"mtu": 1014')
+
+
+def test_show_require_entry_is_the_readiness_probe(node: Node):
+    """Ready only while the config the runtime uses carries the entry (the DaemonSet's sidecar)."""
+    assert cli("show", *node.args("--require-entry"), check=False).returncode == 1  # no primary yet
+    node.write_primary("10-calico.conflist", CALICO)
+    not_ready = cli("show", *node.args("--require-entry"), check=False)
+    assert not_ready.returncode == 1 and "not ready" in not_ready.stderr
+    node.insert()
+    assert cli("show", *node.args("--require-entry")).returncode == 0
+    # Another file sorting first takes over the runtime: not ready again until the entry follows.
+    node.write_primary("05-other.conflist", FLANNEL)
+    assert cli("show", *node.args("--require-entry"), check=False).returncode == 1
+    node.insert()
+    assert cli("show", *node.args("--require-entry")).returncode == 0

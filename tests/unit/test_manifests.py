@@ -329,7 +329,9 @@ def test_the_daemon_starts_with_the_configmap_config_and_its_probe_passes(tmp_pa
     command[command.index("--config") + 1] = str(config_file)
     command += ["--kubelet-dir", str(kubelet), "--sysfs-root", str(fake.sys),
                 "--health-file", str(health), "--cni-state-dir", str(tmp_path / "cni"),
-                "--cdi-dir", str(tmp_path / "cdi"), "--pod-grants-socket", str(kubelet / "pg.sock")]
+                "--cdi-dir", str(tmp_path / "cdi"), "--pod-grants-socket", str(kubelet / "pg.sock"),
+                # no listener on the machine's interfaces, no FIFO in its /run (tests/netns/test_metrics.py)
+                "--metrics-port", "0"]
     probe = main["livenessProbe"]["exec"]["command"]
     probe = [dp, *probe[1:]]
     probe[probe.index("--health-file") + 1] = str(health)
@@ -593,3 +595,26 @@ def test_watch_sidecar_command_for_real(tmp_path: Path):
     out, _ = off.communicate(timeout=10)
     assert off.returncode == 0 and "nothing to watch" in out
     assert chained(), "the switch off is the init container's to act on, not the idle sidecar's"
+
+
+def test_metrics_port_probe_and_annotations_agree():
+    """The port dp.yaml serves /metrics on is the container port named metrics and the scrape
+    annotation; the sidecar's readiness probe asks for the entry in the folder it watches."""
+    template = daemonset()["spec"]["template"]
+    pod = template["spec"]
+    port = dp_config().metrics.port
+    assert port == 9478
+    main = container(pod, "rdma-netns-dp")
+    assert {"name": "metrics", "containerPort": port, "protocol": "TCP"} in main["ports"]
+    assert template["metadata"]["annotations"]["prometheus.io/port"] == str(port)
+    watcher = container(pod, "cni-conf-watch")
+    probe = " ".join(watcher["readinessProbe"]["exec"]["command"])
+    watch = watcher["command"][-1]
+    assert "--require-entry" in probe and "cni-conf show" in probe
+    for flag in ("--conf-dir /host/etc/cni/net.d", "--state-dir /host/var/lib/rdma-netns/cni-conf"):
+        assert flag in probe and flag in " ".join(watch.split())
+    # The FIFO the daemon reads is where the shipped CNI configs write (their default).
+    from rdma_netns.events import DEFAULT_PATH
+
+    assert dp_config().metrics.cniEventsFifo == DEFAULT_PATH
+    assert os.path.dirname(DEFAULT_PATH) == os.path.dirname(dp_config().podGrantsSocket)
