@@ -31,15 +31,15 @@ try:
     from rdma_netns_dp.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
     from rdma_netns_dp.api.pluginregistration.v1 import api_pb2 as reg_pb2
     from rdma_netns_dp.api.pluginregistration.v1 import api_pb2_grpc as reg_pb2_grpc
-    from rdma_netns_dp.api.podresources.v1 import api_pb2 as pr_pb2
-    from rdma_netns_dp.api.podresources.v1 import api_pb2_grpc as pr_pb2_grpc
+    from rdma_netns.kubelet.api.podresources.v1 import api_pb2 as pr_pb2
+    from rdma_netns.kubelet.api.podresources.v1 import api_pb2_grpc as pr_pb2_grpc
 except ImportError:  # source tree, package not installed
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "dp"))
+    sys.path[:0] = [str(Path(__file__).resolve().parent.parent / "dp"), str(Path(__file__).resolve().parent.parent / "cni")]
     from rdma_netns_dp.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
     from rdma_netns_dp.api.pluginregistration.v1 import api_pb2 as reg_pb2
     from rdma_netns_dp.api.pluginregistration.v1 import api_pb2_grpc as reg_pb2_grpc
-    from rdma_netns_dp.api.podresources.v1 import api_pb2 as pr_pb2
-    from rdma_netns_dp.api.podresources.v1 import api_pb2_grpc as pr_pb2_grpc
+    from rdma_netns.kubelet.api.podresources.v1 import api_pb2 as pr_pb2
+    from rdma_netns.kubelet.api.podresources.v1 import api_pb2_grpc as pr_pb2_grpc
 
 KUBELET_SOCKET = "kubelet.sock"
 POD_RESOURCES_DIR = "pod-resources"  # under the kubelet dir, holding kubelet.sock

@@ -22,8 +22,8 @@ from __future__ import annotations
 import os
 
 from rdma_netns import jsonio
+from rdma_netns.config.defaults import DEFAULT_EVENTS_FIFO as DEFAULT_PATH
 
-DEFAULT_PATH = "/run/rdma-netns/cni-events"
 PIPE_BUF = 4096
 _FIFO = 0o010000
 _FILE_TYPE = 0o170000

@@ -4,7 +4,7 @@ kubelet's PodResources API is gRPC, and `import grpc` costs tens of milliseconds
 event. The rdma-netns-dp daemon already runs grpc on every node, so it answers this question on a
 local unix socket in one JSON line each way (its side: rdma_netns_dp.pod_grants). When the daemon
 is not there (not deployed, or restarting) the plugin asks kubelet directly with the same client
-code the daemon uses (rdma_netns_dp.podresources): slower, never wrong.
+code the daemon uses (rdma_netns.kubelet.podresources, below both packages): slower, never wrong.
 """
 
 from __future__ import annotations
@@ -102,14 +102,16 @@ def _from_answer(answer: dict, net: NetConfig) -> Grant:
 
 
 def _ask_kubelet(net: NetConfig, namespace: str, name: str, timeout: float) -> Grant:
-    try:
-        from rdma_netns_dp import podresources
-    except ImportError as exc:
-        raise CniError(PAIRING_UNAVAILABLE, "the device plugin's grants broker is not running and this "
-                       f"install cannot ask kubelet itself ({exc})") from None
+    # Imported only now: the module is cheap, and grpc comes only once kubelet is really asked
+    # (podresources.pod_device_ids finds the socket first).
+    from rdma_netns.kubelet import podresources
+
     try:
         grant = podresources.pod_device_ids(net.pod_resources_socket, namespace, name, net.resource_name,
                                             timeout)
+    except ImportError as exc:  # grpc or protobuf missing from this install
+        raise CniError(PAIRING_UNAVAILABLE, "the device plugin's grants broker is not running and this "
+                       f"install cannot ask kubelet itself ({exc})") from None
     except podresources.PodResourcesUnavailable as exc:
         raise CniError(PAIRING_UNAVAILABLE, f"kubelet's PodResources API ({net.pod_resources_socket}): "
                        f"{exc.kind}: {exc}") from None

@@ -23,8 +23,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, disable_cre
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 
+from rdma_netns.kubelet import podresources
 from rdma_netns.state import network_folders, read_state
-from rdma_netns_dp import podresources
 
 if TYPE_CHECKING:
     from rdma_netns_dp.daemon import Daemon

@@ -2,7 +2,7 @@
 
 Why: the CNI is a short-lived process per ADD; importing grpc there costs more than the whole
 question. The long-running device-plugin daemon already has grpc loaded, so it asks kubelet's
-PodResources API (podresources.py, the one client) on the CNI's behalf. One request per
+PodResources API (rdma_netns.kubelet.podresources, the one client) on the CNI's behalf. One request per
 connection, one JSON line each way (contract B):
   -> {"v": 1, "podResourcesSocket": "/abs", "namespace": "ns", "name": "pod", "uid": "",
       "resourceName": "rdma/hca", "timeoutMs": 500}
@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 
 from rdma_netns import fsutil
-from rdma_netns_dp import podresources
+from rdma_netns.kubelet import podresources
 
 log = logging.getLogger("rdma_netns_dp.pod_grants")
 

@@ -9,7 +9,7 @@ daemon's Allocate and serves the real v1.PodResourcesLister gRPC service. Measur
      JSON line, read to EOF), Get-capable kubelet, and again with Get disabled (List fallback,
      --pods pods on the node).
   2. Direct gRPC, as the CNI's fallback does: in fresh processes, the import cost of
-     rdma_netns_dp.podresources alone, of grpc + the generated stubs (python -X importtime and
+     rdma_netns.kubelet.podresources alone, of grpc + the generated stubs (python -X importtime and
      perf_counter), the first call (channel set-up included) and later calls.
   3. Whole fresh processes (what each CNI ADD adds): python start -> answer, broker vs direct.
 
@@ -83,10 +83,10 @@ print(json.dumps({"answer": answer, "in_process_s": t1 - t0, "grpc_loaded": "grp
 DIRECT_CHILD = r"""
 import time; t0 = time.perf_counter()
 import sys
-from rdma_netns_dp.podresources import pod_device_ids
+from rdma_netns.kubelet.podresources import pod_device_ids
 t1 = time.perf_counter()
 import grpc
-from rdma_netns_dp.api.podresources.v1 import api_pb2, api_pb2_grpc
+from rdma_netns.kubelet.api.podresources.v1 import api_pb2, api_pb2_grpc
 t2 = time.perf_counter()
 grant = pod_device_ids(sys.argv[1], "bench", "pod-0", "rdma/hca", 2.0)
 t3 = time.perf_counter()
@@ -100,7 +100,7 @@ print(__import__("json").dumps({"ids": grant.device_ids, "via": grant.via, "modu
 ONE_DIRECT_CHILD = r"""
 import time; t0 = time.perf_counter()
 import json, sys
-from rdma_netns_dp.podresources import pod_device_ids
+from rdma_netns.kubelet.podresources import pod_device_ids
 grant = pod_device_ids(sys.argv[1], "bench", "pod-0", "rdma/hca", 2.0)
 print(json.dumps({"ids": grant.device_ids, "in_process_s": time.perf_counter() - t0}))
 """
@@ -184,17 +184,17 @@ def main() -> int:
             "importtime_grpc_cumulative_ms": statistics.median(
                 v for _, _, err in direct if (v := importtime_cumulative_ms(err, "grpc")) is not None),
             "importtime_podresources_cumulative_ms": statistics.median(
-                v for _, _, err in direct if (v := importtime_cumulative_ms(err, "rdma_netns_dp.podresources"))
+                v for _, _, err in direct if (v := importtime_cumulative_ms(err, "rdma_netns.kubelet.podresources"))
                 is not None),
             "first_call_ms": stats_ms([c["first_call_s"] for c, _, _ in direct]),
             "later_calls_ms": stats_ms(later),
         }
-        # The plain `python -X importtime -c 'import rdma_netns_dp.podresources'` of the brief.
-        plain = subprocess.run([PY, "-X", "importtime", "-c", "import rdma_netns_dp.podresources, sys; "
+        # The plain `python -X importtime -c 'import rdma_netns.kubelet.podresources'` of the brief.
+        plain = subprocess.run([PY, "-X", "importtime", "-c", "import rdma_netns.kubelet.podresources, sys; "
                                 "print('grpc' in sys.modules)"], capture_output=True, text=True, cwd="/")
         results["direct_grpc"]["plain_import_loads_grpc"] = plain.stdout.strip() == "True"
         results["direct_grpc"]["plain_import_cumulative_ms"] = importtime_cumulative_ms(
-            plain.stderr, "rdma_netns_dp.podresources")
+            plain.stderr, "rdma_netns.kubelet.podresources")
 
         # Whole fresh processes, what one CNI ADD would add.
         fresh_broker, fresh_direct = [], []

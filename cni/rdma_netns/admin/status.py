@@ -41,14 +41,14 @@ from pathlib import Path
 from typing import Any
 
 from rdma_netns.admin import cni_conf
+from rdma_netns.config.defaults import DEFAULT_POD_GRANTS_SOCKET, DEFAULT_STATE_DIR
 from rdma_netns.kernel.rdma_devices import DeviceSysfs, RdmaDevice
 from rdma_netns.state import AttachmentState, network_folders, read_state
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 GROUPS = ("Kernel", "Devices", "Rails", "Chained entry", "Launcher", "Device plugin", "Pairing", "Attachments")
-DEFAULT_CNI_STATE_DIR = "/var/lib/cni/rdma-netns"
+DEFAULT_CNI_STATE_DIR = DEFAULT_STATE_DIR
 DEFAULT_IPAM_DIR = "/var/lib/cni/networks"
-DEFAULT_POD_GRANTS_SOCKET = "/run/rdma-netns/pod-grants.sock"
 DEFAULT_RESOURCE = "rdma/hca"
 
 

@@ -16,9 +16,10 @@ import stat
 
 from rdma_netns.admin.status import DEFAULT_RESOURCE, FAIL, OK, WARN, Check, Context
 from rdma_netns.admin.status_conf import DS_POD
+from rdma_netns.config.defaults import DEFAULT_POD_RESOURCES_SOCKET
 
 PROBE_NAMESPACE, PROBE_NAME = "rdma-netns-status", "probe"
-DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+GET_DEVICE_PLUGIN_OPTIONS = "/v1beta1.DevicePlugin/GetDevicePluginOptions"  # package.Service/Method
 DP_FIX = (f"check the rdma-netns-dp pod on this node: {DS_POD}, then `kubectl -n kube-system logs <pod> "
           "-c rdma-netns-dp`; it registers again by itself after a kubelet restart")
 
@@ -34,11 +35,12 @@ def _plugin_options(path: str, timeout: float) -> str | None:
     """None when the device plugin at `path` answers GetDevicePluginOptions, else why not."""
     import grpc
 
-    from rdma_netns_dp.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-
+    # Raw bytes, no generated stubs: those are the device plugin's (rdma_netns_dp.api), which the
+    # CNI package never imports. The request is v1beta1.Empty (no bytes); the answer's content
+    # does not matter, only that the plugin gives one.
     channel = grpc.insecure_channel(f"unix://{path}", options=[("grpc.enable_retries", 0)])
     try:
-        api_pb2_grpc.DevicePluginStub(channel).GetDevicePluginOptions(api_pb2.Empty(), timeout=timeout)
+        channel.unary_unary(GET_DEVICE_PLUGIN_OPTIONS)(b"", timeout=timeout)
         return None
     except grpc.RpcError as exc:
         return f"{exc.code().name}: {exc.details() or ''}".rstrip(": ")
@@ -50,7 +52,7 @@ def _allocatable(path: str, timeout: float) -> tuple[dict[str, int] | None, str 
     """({resource: device count} kubelet holds, None) or (None, why it could not say)."""
     import grpc
 
-    from rdma_netns_dp.api.podresources.v1 import api_pb2, api_pb2_grpc
+    from rdma_netns.kubelet.api.podresources.v1 import api_pb2, api_pb2_grpc
 
     channel = grpc.insecure_channel(f"unix://{path}", options=[("grpc.enable_retries", 0)])
     try:

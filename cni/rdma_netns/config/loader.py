@@ -12,18 +12,20 @@ from __future__ import annotations
 import os
 
 from rdma_netns import __version__, fsutil, jsonio
-from rdma_netns.config.netconf import TEARDOWN_DEFAULTS, NetConfig
+from rdma_netns.config.defaults import (  # noqa: F401 (re-exported: loader.DEFAULT_* as before)
+    DEFAULT_CDI_KIND,
+    DEFAULT_CDI_SPEC_DIR,
+    DEFAULT_POD_GRANTS_SOCKET,
+    DEFAULT_POD_INFO_DIR,
+    DEFAULT_POD_RESOURCES_SOCKET,
+    DEFAULT_STATE_DIR,
+    RUNTIME_KEYS,
+    TEARDOWN_DEFAULTS,
+)
+from rdma_netns.config.netconf import NetConfig
 from rdma_netns.spec import versions
 from rdma_netns.spec.errors import DECODE_FAILURE, INVALID_CONFIG, INVALID_ENV, CniError
 
-# Keys a runtime adds per invocation: they are not part of the network's identity.
-RUNTIME_KEYS = ("args", "runtimeConfig", "prevResult", "cni.dev/valid-attachments", "cni.dev/attachments")
-DEFAULT_STATE_DIR = "/var/lib/cni/rdma-netns"
-DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
-DEFAULT_POD_GRANTS_SOCKET = "/run/rdma-netns/pod-grants.sock"
-DEFAULT_POD_INFO_DIR = "/run/rdma-netns/pods"
-DEFAULT_CDI_SPEC_DIR = "/var/run/cdi"
-DEFAULT_CDI_KIND = "rdma-netns.io/pod"
 CACHE_FOLDER = "verified-configs"  # state.CACHE_FOLDER (not imported: a VERSION call loads no state code)
 # Folder names beside the network folders under stateDir (state.RESERVED_NAMES): a network of
 # that name would share its folder with the lock files or this cache.

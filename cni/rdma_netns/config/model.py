@@ -11,9 +11,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from rdma_netns.config.loader import (
+from rdma_netns.config.defaults import (
     DEFAULT_CDI_KIND,
     DEFAULT_CDI_SPEC_DIR,
+    DEFAULT_EVENTS_FIFO,
+    DEFAULT_GID_WAIT_MS,
     DEFAULT_POD_GRANTS_SOCKET,
     DEFAULT_POD_INFO_DIR,
     DEFAULT_POD_RESOURCES_SOCKET,
@@ -21,8 +23,6 @@ from rdma_netns.config.loader import (
     RUNTIME_KEYS,
     TEARDOWN_DEFAULTS,
 )
-from rdma_netns.config.netconf import DEFAULT_GID_WAIT_MS
-from rdma_netns.events import DEFAULT_PATH as DEFAULT_EVENTS_FIFO
 from rdma_netns.spec.env import valid_ifname
 
 NETWORK_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.\-]*\Z")
@@ -126,7 +126,7 @@ class NetConf(Strict):
     requireRdma: bool = True
     gidWaitMs: int = Field(default=DEFAULT_GID_WAIT_MS, ge=0, le=30000)
     linkLocal: bool = False  # an IPv6 link-local address (a GID) on each rail interface
-    # Defaults shared with DEL's fallback for a config it cannot validate (loader.TEARDOWN_DEFAULTS).
+    # Defaults shared with DEL's fallback for a config it cannot validate (defaults.TEARDOWN_DEFAULTS).
     routeTableBase: int = Field(default=TEARDOWN_DEFAULTS["routeTableBase"], ge=1, le=2**31 - 64)
     rulePriorityBase: int = Field(default=TEARDOWN_DEFAULTS["rulePriorityBase"], ge=1, le=32000)
     ipamTimeoutSeconds: float = Field(default=TEARDOWN_DEFAULTS["ipamTimeoutSeconds"], gt=0, le=600)

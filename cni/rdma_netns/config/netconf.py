@@ -8,16 +8,8 @@ an attribute here (one line in __slots__, one in __init__).
 
 from __future__ import annotations
 
-# What teardown needs when the config cannot be validated and an old state did not record it:
-# the model's defaults (model.py takes them from here, so the two cannot drift apart).
-TEARDOWN_DEFAULTS = {"routeTableBase": 100, "rulePriorityBase": 1000, "ipamTimeoutSeconds": 30.0,
-                     "lockTimeoutSeconds": 10.0, "link": "macvlan", "linkMode": None}
-# How long ADD waits for a rail address's GID. Soft-RoCE adds it within milliseconds; mlx5 writes
-# each entry with a firmware command, queued on the RDMA core's one ordered work queue for the
-# whole node (roce_gid_mgmt.c, "gid-cache-wq"), so a burst of pods on 8 rails waits behind every
-# other rail's entries. The wait ends as soon as the GID is there: a long bound costs only an ADD
-# that fails anyway, and that one now says why (table full, or what the port has instead).
-DEFAULT_GID_WAIT_MS = 3000
+# The defaults live in defaults.py (shared with model.py and loader.py); re-exported here.
+from rdma_netns.config.defaults import DEFAULT_GID_WAIT_MS, TEARDOWN_DEFAULTS  # noqa: F401
 
 
 class RailConf:

@@ -13,7 +13,7 @@ import pytest
 
 from rdma_netns_dp.config import ConfigError, load
 from rdma_netns_dp.pod_grants import BadRequest, PodGrantsServer, answer, parse_request
-from rdma_netns_dp.podresources import PodGrant, PodResourcesUnavailable
+from rdma_netns.kubelet.podresources import PodGrant, PodResourcesUnavailable
 
 GOOD = {"v": 1, "podResourcesSocket": "/var/lib/kubelet/pod-resources/kubelet.sock", "namespace": "ns",
         "name": "p", "uid": "0b6e", "resourceName": "rdma/hca", "timeoutMs": 500}

@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from rdma_netns_dp.podresources import PodGrant, PodResourcesUnavailable, pod_device_ids
+from rdma_netns.kubelet.podresources import PodGrant, PodResourcesUnavailable, pod_device_ids
 from tests.kubelet_standin import PodResourcesStandIn
 
 R = "rdma/hca"
@@ -73,7 +73,7 @@ def test_older_kubelets_fall_back_to_list(kubelet, mode):
 
 
 def test_missing_socket_is_unreachable_without_loading_grpc(folder):
-    code = ("import sys\nfrom rdma_netns_dp.podresources import pod_device_ids, PodResourcesUnavailable\n"
+    code = ("import sys\nfrom rdma_netns.kubelet.podresources import pod_device_ids, PodResourcesUnavailable\n"
             "assert 'grpc' not in sys.modules\n"
             f"try:\n    pod_device_ids({str(folder / 'nothing.sock')!r}, 'ns', 'p', 'rdma/hca', 0.5)\n"
             "except PodResourcesUnavailable as e:\n    print(e.kind)\n"

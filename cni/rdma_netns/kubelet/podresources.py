@@ -1,9 +1,10 @@
 """The one client of kubelet's PodResources API: which device IDs of a resource a pod was granted.
 
 kubelet allocates devices at pod admission, before RunPodSandbox, so when the CNI's ADD runs the
-grant is already listed here. Used by the device plugin's grants broker (pod_grants.py) and, when
-the broker is absent, imported by the CNI itself: importing this module is cheap (no grpc until
-the first call) and starts nothing.
+grant is already listed here. It sits below both packages: used by the device plugin's grants
+broker and metrics (rdma_netns_dp.pod_grants, rdma_netns_dp.metrics) and, when the broker is
+absent, by the CNI itself (grants_client.py): importing this module is cheap (no grpc until the
+first call) and starts nothing. Its generated stubs are in kubelet/api/podresources/v1/.
 
 Kubelet facts (design.md): Get(pod_name, pod_namespace) first. kubelets older than 1.27 answer
 UNIMPLEMENTED; 1.27-1.33 with the KubeletPodResourcesGet gate off answer UNKNOWN "PodResources API
@@ -19,7 +20,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+from rdma_netns.config.defaults import DEFAULT_POD_RESOURCES_SOCKET as DEFAULT_SOCKET  # noqa: F401
+
 # kubelet's server allows 16 MiB (podresources.DefaultMaxMsgSize); a busy node's List is large.
 MAX_MESSAGE = 16 * 1024 * 1024
 
@@ -90,7 +92,7 @@ def pod_device_ids(socket_path: str, namespace: str, name: str, resource: str,
         raise PodResourcesUnavailable("unreachable", f"no kubelet PodResources socket at {path}")
     # The timeout is kubelet's to keep, so it starts after our own imports (a CNI process asking
     # kubelet directly imports grpc here: 0.1-0.4 s on a busy node).
-    from rdma_netns_dp.api.podresources.v1 import api_pb2_grpc  # noqa: F401 (loads grpc too)
+    from rdma_netns.kubelet.api.podresources.v1 import api_pb2_grpc  # noqa: F401 (loads grpc too)
 
     deadline = time.monotonic() + timeout
     if pool is None:
@@ -113,7 +115,7 @@ def _ask(channel, path: str, namespace: str, name: str, resource: str, deadline:
     """Get, or List on kubelets without Get (older than 1.27, or the gate off)."""
     import grpc
 
-    from rdma_netns_dp.api.podresources.v1 import api_pb2, api_pb2_grpc
+    from rdma_netns.kubelet.api.podresources.v1 import api_pb2, api_pb2_grpc
 
     stub = api_pb2_grpc.PodResourcesListerStub(channel)
     try:
@@ -142,7 +144,7 @@ def allocated_counts(socket_path: str, resources: list[str], timeout: float,
     """Device IDs of each of `resources` that kubelet has allocated to pods now (one List)."""
     import grpc
 
-    from rdma_netns_dp.api.podresources.v1 import api_pb2, api_pb2_grpc
+    from rdma_netns.kubelet.api.podresources.v1 import api_pb2, api_pb2_grpc
 
     path = os.path.abspath(socket_path)
     if not os.path.exists(path):

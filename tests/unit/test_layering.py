@@ -1,0 +1,40 @@
+"""The code map's rule: the device plugin (rdma_netns_dp) imports the CNI package's lower layers,
+never the other way round. kubelet's PodResources client and its generated stubs live in
+rdma_netns.kubelet for that reason; the config defaults sit in a module that imports nothing, so
+the pydantic model and the hot-path loader no longer import each other."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+CNI = Path(__file__).resolve().parents[2] / "cni" / "rdma_netns"
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every import in the file, lazy ones inside functions included."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module))
+    return found
+
+
+def test_the_cni_package_never_imports_the_device_plugin():
+    files = sorted(CNI.rglob("*.py"))
+    assert len(files) > 50 and CNI / "grants_client.py" in files  # the scan sees the package
+    offenders = [f"{path.relative_to(CNI.parent)}:{line}: {module}" for path in files
+                 for line, module in _imports(path) if module.split(".")[0] == "rdma_netns_dp"]
+    assert offenders == [], "the CNI package imports the device plugin's:\n" + "\n".join(offenders)
+
+
+def test_config_defaults_import_nothing_and_model_and_loader_not_each_other():
+    config = CNI / "config"
+    assert _imports(config / "defaults.py") == []
+    model = {m for _, m in _imports(config / "model.py")}
+    loader = {m for _, m in _imports(config / "loader.py")}
+    assert "rdma_netns.config.loader" not in model
+    # the loader imports the model lazily, on a cache miss only (its one pydantic validation)
+    assert "rdma_netns.config.defaults" in model and "rdma_netns.config.defaults" in loader
