@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Install rdma-netns on a node, idempotently, and uninstall exactly what was installed.
 #
-#   sudo ./install.sh [--conflist conf/rdma-netns-shared-1rail.conflist] [--persist-mode shared|exclusive]
-#   sudo ./install.sh --chain-into-primary conf/rdma-netns-chained-entry.json   (chained, like istio-cni)
-#   sudo ./install.sh --uninstall
+#   ./install.sh [--conflist conf/rdma-netns-shared-1rail.conflist] [--persist-mode shared|exclusive]
+#   ./install.sh --chain-into-primary conf/rdma-netns-chained-entry.json   (chained, like istio-cni)
+#   ./install.sh --uninstall
 #
 # What it puts where (each path can be moved with a flag; --root DIR prefixes all of them):
 #   /opt/rdma-netns/            a virtual environment with rdma-netns and rdma-netns-dp installed

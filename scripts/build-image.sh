@@ -4,7 +4,7 @@
 # folder /opt/rdma-netns-ds/<RELEASE>/ with its own Python and libraries (imagebuild/release.py),
 # one layer, an OCI archive that `ctr -n k8s.io images import` and `podman load` take.
 #
-#   sudo scripts/build-image.sh [--release R] [--name IMAGE] [--out FILE]
+#   scripts/build-image.sh [--release R] [--name IMAGE] [--out FILE]
 #
 # RELEASE must differ for every build (the init container refuses two builds under one name):
 # by default <version>-<commit>[-dirty-<hash of the changes>]. Prints a JSON summary last.

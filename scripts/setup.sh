@@ -3,7 +3,8 @@
 # reference plugins (host-local IPAM, and the Go plugins the benchmark compares against),
 # iproute2 and ping for the demo, Podman (with runc and busybox-static: the real-runtime test),
 # strace and GNU time for the benchmarks, mmdebstrap and patchelf for scripts/build-image.sh,
-# Prometheus and promtool (the metrics tests scrape the device plugin with a real server),
+# Prometheus and promtool (the metrics tests scrape the device plugin with a real server), Graphviz
+# (the docs test renders docs/img/node.dot),
 # Debian 13's containerd 1.7 beside Debian 12's 1.6 (integration/cri/fetch-containerd.sh), and a
 # virtual environment (.venv) with rdma-netns installed the way a node gets it (a real install,
 # byte-compiled; not an editable one).
@@ -17,7 +18,7 @@ fi
 
 missing=()
 for pkg in containernetworking-plugins iproute2 iputils-ping podman conmon crun runc busybox-static containerd strace time \
-           mmdebstrap patchelf prometheus; do
+           mmdebstrap patchelf prometheus graphviz; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then

@@ -7,7 +7,7 @@ global address on the rail is unique on that rail already. Its block at `prefixL
 address's own prefix length by default) becomes this node's pod range, less the node's own
 addresses and the block's first one; the pods' prefix length stays the rail's (the address's), so
 every pod reaches every other node's pods on the segment. Two nodes can share a block only if
-their addresses share it, which the address plan rules out (README: "One config for the whole
+their addresses share it, which the address plan rules out (docs/configuration.md: "One config for the whole
 cluster"). Computed at ADD from one address dump, recorded in the rail's state: DEL releases from
 the recorded range even if the node's address changed meanwhile.
 """

@@ -187,7 +187,7 @@ def main() -> int:
     parser.add_argument("--plugin", help=argparse.SUPPRESS)  # the launcher, set by the outer run
     parser.add_argument("--baseline-plugin", help=argparse.SUPPRESS)
     parser.add_argument("--node-range", action="store_true",
-                        help="also the 1- and 8-rail cases with rangeFromNodeAddress (README, one config per cluster)")
+                        help="also the 1- and 8-rail cases with rangeFromNodeAddress (docs/configuration.md, one config for the whole cluster)")
     parser.add_argument("--extra-interfaces", type=int, default=0,
                         help="dummy links (with link-local addresses) in the node namespace, like a node's pod veths")
     parser.add_argument("--json", help="also write the figures to this file")

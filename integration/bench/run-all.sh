@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Run every rdma-netns benchmark (issue 6) and print the results; the figures also go to JSON files.
 #
-#   sudo integration/bench/run-all.sh            # default sizes, about 5 minutes on 2 cores
-#   sudo integration/bench/run-all.sh --quick    # smoke sizes, about 1 minute
-#   sudo integration/bench/run-all.sh --full     # default sizes + the 2000-cycle churn (~10 min more)
+#   integration/bench/run-all.sh            # default sizes, about 5 minutes on 2 cores
+#   integration/bench/run-all.sh --quick    # smoke sizes, about 1 minute
+#   integration/bench/run-all.sh --full     # default sizes + the 2000-cycle churn (~10 min more)
 #
 # Runs, in order:
 #   cni_add_del.py  single ADD/DEL, 1 and 8 rails, against Go macvlan IPv4/IPv6 (30 runs each)

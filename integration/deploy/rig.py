@@ -1,7 +1,7 @@
 """One node, as the DaemonSet of conf/k8s/rdma-netns-dp-daemonset.yaml finds it, driven the way
 kubelet drives it (integration/deploy/kubelet.py) through containerd 1.7's CRI with CDI on.
 
-What is as written and what the rig maps (the README's "Proven: the DaemonSet as an admin
+What is as written and what the rig maps (docs/testing.md, "Proven: the DaemonSet as an admin
 installs it" lists the same):
 
 | manifest | here |

@@ -1,6 +1,6 @@
 """The add-on as an admin installs it (issue 22): conf/k8s/rdma-netns-dp-daemonset.yaml with the
 image scripts/build-image.sh built, run the way kubelet runs it through containerd 1.7's CRI
-(rig.py says what is as written and what is mapped), then the pods the README's walk-through
+(rig.py says what is as written and what is mapped), then the pods the walk-through of docs/install.md
 creates, a rolling update under load, and the uninstall.
 
 The tests run in order on one node (module fixture) and each leaves the node as the next expects:

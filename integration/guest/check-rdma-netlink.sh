@@ -6,7 +6,7 @@
 # errno of each refusal.
 #
 # On the host it boots the guest and runs itself there:
-#   sudo integration/guest/check-rdma-netlink.sh          # = run-in-guest.sh --timeout 900 -- <this>
+#   integration/guest/check-rdma-netlink.sh          # = run-in-guest.sh --timeout 900 -- <this>
 # In the guest (it changes the system-wide RDMA netns mode) it runs check_rdma_netlink.py once
 # (one Python process: `import pyroute2` takes 10-30 s under software emulation).
 #

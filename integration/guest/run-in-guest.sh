@@ -83,13 +83,13 @@ if [ -r "$CACHE/kernel.env" ]; then
     VNG=${VNG:-$(sed -n 's/^VNG=//p' "$CACHE/kernel.env")}
 fi
 if [ -z "${KERNEL:-}" ] || [ ! -s "$KERNEL" ]; then
-    die "no guest kernel (${KERNEL:-none}); run: sudo $HERE/fetch-kernel.sh"
+    die "no guest kernel (${KERNEL:-none}); run (as root): $HERE/fetch-kernel.sh"
 fi
 VNG=${VNG:-$(command -v vng || true)}
 if [ -z "$VNG" ] || [ ! -x "$VNG" ]; then
-    die "vng not found; run: sudo $HERE/fetch-kernel.sh"
+    die "vng not found; run (as root): $HERE/fetch-kernel.sh"
 fi
-command -v qemu-system-x86_64 >/dev/null || die "qemu-system-x86_64 missing; run: sudo $HERE/fetch-kernel.sh"
+command -v qemu-system-x86_64 >/dev/null || die "qemu-system-x86_64 missing; run (as root): $HERE/fetch-kernel.sh"
 
 if [ -z "$RESULTS" ]; then
     RESULTS=$(mktemp -d /tmp/rdma-netns-guest.XXXXXX)

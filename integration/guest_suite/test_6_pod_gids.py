@@ -10,7 +10,7 @@ the pod's own address with ndev = the pod's rail ifname; the indexes are equal o
 (the GID order lock), so NCCL_IB_GID_INDEX/UCX_IB_GID_INDEX are set; a QP built inside the pod
 from those values carries that source GID; the naive choice (the first RoCE v2 entry) is not
 the pod's GID. With unequal table layouts the index is left unset and NCCL_IB_ADDR_RANGE is set.
-Facts for the README (the unprivileged QP with another pod's GID) go to pod-gids-facts.jsonl.
+Facts for docs/security.md (the unprivileged QP with another pod's GID) go to pod-gids-facts.jsonl.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def exploded(text: str) -> str:
 
 
 def fact(record: dict) -> None:
-    """A measured fact for the README, kept whatever the outcome."""
+    """A measured fact for the docs, kept whatever the outcome."""
     record = {"kernel": platform.release(), "time": time.strftime("%H:%M:%S"), **record}
     print("FACT", json.dumps(record))
     with open(RESULTS / "pod-gids-facts.jsonl", "a") as f:
@@ -241,7 +241,7 @@ def test_two_pods_get_their_own_gid_index_on_both_rails(lab):
         assert first[0] == "host"
     assert "another namespace" in text and "this namespace" in text
 
-    # Measured for the README's Security statement: pod a, unprivileged (uid 65534, no
+    # Measured for docs/security.md's statement: pod a, unprivileged (uid 65534, no
     # capabilities), moves an RC QP to RTR with pod b's GID index (recorded, not asserted).
     index_b = infos[b]["rails"][0]["gidIndex"]
     probe = qp_probe(a, rails.devices[0], index_b,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tests.netns.conftest import ip
 
-# Codes the README lists (spec and the plugin's own). 999 (internal error) is deliberately absent.
+# Codes docs/troubleshooting.md lists (spec and the plugin's own). 999 (internal error) is deliberately absent.
 SPEC_CODES = {1, 2, 3, 4, 5, 6, 7, 11, 50, 100, 101, 102, 103, 104, 105, 106}
 VOLATILE_ROUTE_KEYS = ("expires", "flags", "pref", "protocol")
 

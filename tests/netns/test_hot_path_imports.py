@@ -1,4 +1,4 @@
-"""The start-up rule the README states, enforced: after a network config's first call (its one
+"""The start-up rule docs/benchmarks.md states, enforced: after a network config's first call (its one
 pydantic validation, then cached), ADD, CHECK and DEL import nothing heavy.
 
 Each call runs the installed package in a fresh interpreter inside the test's node namespace, on
@@ -12,7 +12,7 @@ import json
 import subprocess
 import sys
 
-# What the README's "Speed" section says the CNI hot path does not load, and why:
+# What docs/benchmarks.md says the CNI hot path does not load, and why:
 FORBIDDEN = {
     "pyroute2": "~0.3 s to import; the stdlib netlink codec serves the hot path",
     "pydantic": "~0.15 s; the verdict on a config is cached",
@@ -73,5 +73,5 @@ def test_add_check_del_import_nothing_heavy_after_the_first_call(node):
     calls["DEL again (CNI_NETNS='')"], _ = run_probe(node, "DEL", conf, None, "c1")
     for command, loaded in calls.items():
         assert heavy(loaded) == [], f"{command} loaded {heavy(loaded)}: " + \
-            "; ".join(f"{m.split('.')[0]}: {FORBIDDEN.get(m.split('.')[0], 'see README')}" for m in heavy(loaded))
+            "; ".join(f"{m.split('.')[0]}: {FORBIDDEN.get(m.split('.')[0], 'see docs/benchmarks.md')}" for m in heavy(loaded))
     assert "rdma_netns.commands.add" in calls["ADD"], "the probe ran the real ADD"

@@ -138,7 +138,7 @@ def test_a_gid_of_another_type_only_is_named(lag):
 
 
 def test_the_shipped_lag_entry_resolves_to_the_lag_devices(lag, tmp_path):
-    """conf/rdma-netns-chained-entry-lag.json (the README's Lingjun entry) on a 4-card LAG node."""
+    """conf/rdma-netns-chained-entry-lag.json (docs/roce-lag.md's Lingjun entry) on a 4-card LAG node."""
     import json
 
     from rdma_netns.config import loader

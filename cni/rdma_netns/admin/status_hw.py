@@ -222,7 +222,7 @@ def _gid_check(ctx: Context, name: str, where: str, usage: GidUsage, netdev: str
         else "one entry per address"
     fix = (f"the table takes {entries}: run fewer RDMA pods on this node, remove addresses nobody uses from "
            f"{netdev} and interfaces stacked on it" + ("; turn linkLocal off (halves each pod's use)" if link_local
-                                                        else "") + " (README: GID table capacity)")
+                                                        else "") + " (docs/roce-lag.md: GID table capacity)")
     if left == 0:
         return Check("Rails", name, FAIL, f"{where} ACTIVE, GID table full: {fill}; a new pod's address "
                      "gets no GID and its ADD fails", fix, data)

@@ -110,7 +110,7 @@ def test_a_device_that_left_without_a_pod_record_loses_its_cdi_entry(tmp_path, r
 
 
 def test_away_devices_follow_the_kernel_mode_rule(root):
-    """README: while the kernel's mode is wrong, every unit is Unhealthy, away ones included."""
+    """docs/device-plugin.md: while the kernel's mode is wrong, every unit is Unhealthy, away ones included."""
     from rdma_netns_dp.discovery import Sysfs
 
     sysfs = Sysfs(str(root))
