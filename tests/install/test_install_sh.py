@@ -99,7 +99,8 @@ def test_bad_arguments_are_refused_clearly(tmp_path):
 @pytest.mark.skipif(os.geteuid() != 0, reason="the real install needs root")
 def test_real_install_on_this_machine_and_uninstall():
     """For real, into / (with its own prefix and a CNI bin folder nobody else uses)."""
-    prefix, bin_dir = "/opt/rdma-netns-test", "/opt/cni/bin-rdma-netns-test"
+    # Not /opt/rdma-netns-test: integration/cri/fetch-containerd.sh keeps containerd 1.7 there.
+    prefix, bin_dir = "/opt/rdma-netns-install-test", "/opt/cni/bin-rdma-netns-install-test"
     if os.path.exists(prefix) and not os.path.exists(f"{prefix}/install-manifest"):
         pytest.skip(f"{prefix} exists and is not ours")
     before_conf = sorted(os.listdir("/etc/cni/net.d")) if os.path.isdir("/etc/cni/net.d") else None
