@@ -61,21 +61,22 @@ class StateStore:
         except OSError as exc:
             raise CniError(IO_FAILURE, f"state folder {self.folder} is not usable: {exc}") from None
 
-    def _path(self, container_id: str, ifname: str) -> str:
+    def path(self, container_id: str, ifname: str) -> str:
+        """Where the attachment's record is (whether or not it exists)."""
         return f"{self.folder}/{container_id}:{ifname}.json"
 
     def load(self, container_id: str, ifname: str) -> AttachmentState | None:
-        return read_state(self._path(container_id, ifname))
+        return read_state(self.path(container_id, ifname))
 
     def save(self, container_id: str, ifname: str, value: AttachmentState) -> None:
         try:
-            fsutil.write_json_atomic(self._path(container_id, ifname), value.to_json())
+            fsutil.write_json_atomic(self.path(container_id, ifname), value.to_json())
         except OSError as exc:
             raise CniError(IO_FAILURE, f"cannot write state in {self.folder}: {exc}") from None
 
     def delete(self, container_id: str, ifname: str) -> None:
         try:
-            fsutil.remove(self._path(container_id, ifname))
+            fsutil.remove(self.path(container_id, ifname))
         except OSError as exc:
             raise CniError(IO_FAILURE, f"cannot remove state in {self.folder}: {exc}") from None
 
@@ -363,6 +364,16 @@ def read_state(path: str) -> AttachmentState | None:
     """The record at `path`; None when it is missing, a symlink, or not a JSON object."""
     value = fsutil.read_json(path)
     return AttachmentState.from_json(value) if isinstance(value, dict) else None
+
+
+def all_records(state_dir: str) -> list[tuple[str, str, str, str]]:
+    """(network, containerID, ifname, record path) of every attachment record under a state
+    folder, sorted: the one walk the device plugin, its metrics and `rdma-netns status` share."""
+    out = []
+    for network in network_folders(state_dir):
+        store = StateStore(state_dir, network)
+        out += [(network, cid, ifname, store.path(cid, ifname)) for cid, ifname in store.attachments()]
+    return out
 
 
 def network_folders(state_dir: str) -> list[str]:

@@ -8,9 +8,7 @@ node's capacity while the pod is using it. The CNI plugin records every move bef
 
 from __future__ import annotations
 
-import os
-
-from rdma_netns.state import network_folders, read_state
+from rdma_netns.state import all_records, read_state
 
 
 def devices_in_pods(state_dir: str) -> set[str]:
@@ -23,19 +21,11 @@ def device_netns(state_dir: str) -> dict[str, str]:
     record class (rdma_netns.state), so the two programs cannot disagree about the format; a
     record of any format counts, since a device it names is away whatever else it says."""
     found: dict[str, str] = {}
-    for network in network_folders(state_dir):
-        folder = os.path.join(state_dir, network)
-        try:
-            names = os.listdir(folder)
-        except OSError:
+    for _network, _cid, _ifname, path in all_records(state_dir):
+        state = read_state(path)
+        if state is None or state.mode == "shared":
             continue
-        for name in names:
-            if not name.endswith(".json") or ":" not in name:
-                continue
-            state = read_state(os.path.join(folder, name))
-            if state is None or state.mode == "shared":
-                continue
-            for rail in state.rails:
-                if isinstance(rail.get("rdmaDevice"), str):
-                    found[rail["rdmaDevice"]] = state.netns
+        for rail in state.rails:
+            if isinstance(rail.get("rdmaDevice"), str):
+                found[rail["rdmaDevice"]] = state.netns
     return found

@@ -14,7 +14,6 @@ no unbounded labels (a CNI error code is one of the spec's few, a command one of
 from __future__ import annotations
 
 import logging
-import os
 from collections import Counter as Tally
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -24,7 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.process_collector import ProcessCollector
 
 from rdma_netns.kubelet import podresources
-from rdma_netns.state import network_folders, read_state
+from rdma_netns.state import all_records, read_state
 
 if TYPE_CHECKING:
     from rdma_netns_dp.daemon import Daemon
@@ -203,20 +202,10 @@ class NodeCollector:
 def rail_attachments(state_dir: str) -> dict[str, int]:
     """Host netdev -> attachments recorded on it, from the CNI's state files."""
     tally: Tally[str] = Tally()
-    for network in network_folders(state_dir):
-        folder = os.path.join(state_dir, network)
-        try:
-            names = os.listdir(folder)
-        except OSError:
-            continue
-        for name in names:
-            if not name.endswith(".json") or ":" not in name:
-                continue
-            state = read_state(os.path.join(folder, name))
-            if state is None:
-                continue
-            for rail in state.rails:
-                netdev = rail.get("netdev")
-                if isinstance(netdev, str) and netdev:
-                    tally[netdev] += 1
+    for _network, _cid, _ifname, path in all_records(state_dir):
+        state = read_state(path)
+        for rail in state.rails if state is not None else ():
+            netdev = rail.get("netdev")
+            if isinstance(netdev, str) and netdev:
+                tally[netdev] += 1
     return dict(tally)

@@ -43,7 +43,7 @@ from typing import Any
 from rdma_netns.admin import cni_conf
 from rdma_netns.config.defaults import DEFAULT_POD_GRANTS_SOCKET, DEFAULT_STATE_DIR
 from rdma_netns.kernel.rdma_devices import DeviceSysfs, RdmaDevice
-from rdma_netns.state import AttachmentState, network_folders, read_state
+from rdma_netns.state import AttachmentState, all_records, read_state
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 GROUPS = ("Kernel", "Devices", "Rails", "Chained entry", "Launcher", "Device plugin", "Pairing", "Attachments")
@@ -199,19 +199,8 @@ class Context:
 
     # --- attachments -----------------------------------------------------------------------------
     def _attachments(self) -> list[Attachment]:
-        out = []
-        for network in network_folders(self.state_dir):
-            folder = os.path.join(self.state_dir, network)
-            try:
-                names = sorted(os.listdir(folder))
-            except OSError:
-                continue
-            for name in names:
-                if name.endswith(".json") and ":" in name:
-                    cid, _, ifname = name[: -len(".json")].partition(":")
-                    path = os.path.join(folder, name)
-                    out.append(Attachment(network, cid, ifname, path, read_state(path)))
-        return out
+        return [Attachment(network, cid, ifname, path, read_state(path))
+                for network, cid, ifname, path in all_records(self.state_dir)]
 
 
 def collect(opts: Options) -> list[Check]:

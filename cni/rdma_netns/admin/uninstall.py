@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rdma_netns.admin import cni_conf
+from rdma_netns.state import all_records
 
 LAUNCHER_MARK = "rdma-netns launcher"
 
@@ -43,11 +44,8 @@ class NodePaths:
 
 def attachments(paths: NodePaths) -> list[str]:
     """Attachment records still in the CNI state (network/containerID:ifname.json)."""
-    state = paths.at(paths.cni_state)
-    if not state.is_dir():
-        return []
-    return sorted(str(p.relative_to(state)) for p in state.glob("*/*.json")
-                  if p.parent.name not in ("locks", "verified-configs"))
+    records = all_records(str(paths.at(paths.cni_state)))
+    return [f"{network}/{cid}:{ifname}.json" for network, cid, ifname, _path in records]
 
 
 def _ours_only(path: Path) -> bool:
