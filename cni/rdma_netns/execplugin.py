@@ -1,7 +1,8 @@
 """Run another CNI plugin binary: stdin in, stdout and stderr out, with a time limit.
 
 Built on os.posix_spawn and select.poll rather than subprocess, whose import (with its
-signal, selectors and threading helpers) costs milliseconds on every pod event.
+signal, selectors and threading helpers) costs milliseconds on every pod event. run_many starts
+several at once (a pod's rails' IPAM delegates) and waits for all in one poll loop.
 """
 
 from __future__ import annotations
@@ -24,57 +25,100 @@ class TimedOut(Exception):
 
 def run(path: str, stdin: bytes, env: dict[str, str], timeout: float) -> Finished:
     """Run `path` with no arguments (CNI plugins take everything from env and stdin)."""
-    in_r, in_w = os.pipe2(os.O_CLOEXEC)
-    out_r, out_w = os.pipe2(os.O_CLOEXEC)
-    err_r, err_w = os.pipe2(os.O_CLOEXEC)
-    try:
-        pid = os.posix_spawn(path, [path], env, file_actions=[
-            (os.POSIX_SPAWN_DUP2, in_r, 0), (os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2)])
-    except BaseException:
-        for fd in (in_r, in_w, out_r, out_w, err_r, err_w):
+    (outcome,) = run_many([(path, stdin, env)], timeout)
+    if isinstance(outcome, BaseException):
+        raise outcome
+    return outcome
+
+
+class _Child:
+    """One spawned plugin: its pid, pipes and what it has written so far."""
+
+    __slots__ = ("path", "pid", "stdin", "pending", "out", "err", "chunks", "status")
+
+    def __init__(self, path: str, stdin: bytes, env: dict[str, str]) -> None:
+        in_r, in_w = os.pipe2(os.O_CLOEXEC)
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            self.pid = os.posix_spawn(path, [path], env, file_actions=[
+                (os.POSIX_SPAWN_DUP2, in_r, 0), (os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2)])
+        except BaseException:
+            for fd in (in_r, in_w, out_r, out_w, err_r, err_w):
+                os.close(fd)
+            raise
+        for fd in (in_r, out_w, err_w):
             os.close(fd)
-        raise
-    for fd in (in_r, out_w, err_w):
-        os.close(fd)
-    chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
-    pending = memoryview(stdin)
+        self.path, self.stdin, self.out, self.err = path, in_w, out_r, err_r
+        self.pending = memoryview(stdin)
+        self.chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
+        self.status: int | None = None
+
+
+def run_many(calls: list[tuple[str, bytes, dict[str, str]]], timeout: float) -> list[Finished | BaseException]:
+    """Run several plugins at once (one poll loop, no threads), each with the same time limit
+    from now. One outcome per call, in order: its Finished, or the exception that ended it
+    (TimedOut when it was killed at the deadline, OSError when it could not be started)."""
     deadline = time.monotonic() + timeout
+    outcomes: list[Finished | BaseException | None] = [None] * len(calls)
+    children: dict[int, tuple[int, _Child]] = {}  # fd -> (call number, child)
     poller = select.poll()
-    poller.register(in_w, select.POLLOUT)
-    poller.register(out_r, select.POLLIN)
-    poller.register(err_r, select.POLLIN)
-    open_fds = {in_w, out_r, err_r}
+    spawned: list[tuple[int, _Child]] = []
+    for n, (path, stdin, env) in enumerate(calls):
+        try:
+            child = _Child(path, stdin, env)
+        except OSError as exc:
+            outcomes[n] = exc
+            continue
+        spawned.append((n, child))
+        for fd in (child.out, child.err):
+            children[fd] = (n, child)
+            poller.register(fd, select.POLLIN)
+        if child.pending:
+            children[child.stdin] = (n, child)
+            poller.register(child.stdin, select.POLLOUT)
+        else:
+            os.close(child.stdin)
     try:
-        if not pending:
-            poller.unregister(in_w)
-            os.close(in_w)
-            open_fds.discard(in_w)
-        while out_r in open_fds or err_r in open_fds:
+        while children:
             left = deadline - time.monotonic()
             if left <= 0:
-                os.kill(pid, 9)
-                os.waitpid(pid, 0)
-                raise TimedOut(path)
-            for fd, events in poller.poll(left * 1000):
-                if fd == in_w:
+                break
+            for fd, _events in poller.poll(left * 1000):
+                n, child = children[fd]
+                if fd == child.stdin:
                     try:
-                        pending = pending[os.write(in_w, pending[:65536]):]
+                        child.pending = child.pending[os.write(fd, child.pending[:65536]):]
                     except BrokenPipeError:
-                        pending = pending[:0]
-                    if not pending:
-                        poller.unregister(in_w)
-                        os.close(in_w)
-                        open_fds.discard(in_w)
+                        child.pending = child.pending[:0]
+                    if not child.pending:
+                        _close(poller, children, fd)
                     continue
                 data = os.read(fd, 65536)
                 if data:
-                    chunks[fd].append(data)
+                    child.chunks[fd].append(data)
                 else:
-                    poller.unregister(fd)
-                    os.close(fd)
-                    open_fds.discard(fd)
-        _, status = os.waitpid(pid, 0)
+                    _close(poller, children, fd)
     finally:
-        for fd in open_fds:
-            os.close(fd)
-    return Finished(os.waitstatus_to_exitcode(status), b"".join(chunks[out_r]), b"".join(chunks[err_r]))
+        for fd in list(children):  # past the deadline (or an error here): what is still open
+            _close(poller, children, fd)
+        for n, child in spawned:
+            if outcomes[n] is not None:
+                continue
+            done, status = os.waitpid(child.pid, os.WNOHANG)
+            if done == 0 and time.monotonic() >= deadline:
+                os.kill(child.pid, 9)
+                os.waitpid(child.pid, 0)
+                outcomes[n] = TimedOut(child.path)
+                continue
+            if done == 0:
+                _, status = os.waitpid(child.pid, 0)
+            outcomes[n] = Finished(os.waitstatus_to_exitcode(status), b"".join(child.chunks[child.out]),
+                                   b"".join(child.chunks[child.err]))
+    return outcomes  # type: ignore[return-value]
+
+
+def _close(poller: select.poll, children: dict, fd: int) -> None:
+    poller.unregister(fd)
+    os.close(fd)
+    del children[fd]

@@ -40,37 +40,77 @@ def speaks_1_1(ipam: dict, cni_path: list[str], timeout: float) -> bool:
         return False
 
 
+class Request:
+    """One IPAM call of a rail: its IPAM config and the rail's interface name."""
+
+    __slots__ = ("ipam", "ifname")
+
+    def __init__(self, ipam: dict, ifname: str) -> None:
+        self.ipam, self.ifname = ipam, ifname
+
+
 def invoke(command: str, *, ipam: dict, network: str, cni_version: str, container_id: str, netns: str,
            ifname: str, cni_path: list[str], timeout: float, extra: dict | None = None) -> dict | None:
     """Run the IPAM plugin for one command; its parsed result for ADD, None otherwise.
 
     STATUS and GC exist only in spec 1.1 and are sent as 1.1.0 (callers check speaks_1_1).
     """
-    plugin = find_plugin(ipam["type"], cni_path)
+    (outcome,) = invoke_many(command, [Request(ipam, ifname)], network=network, cni_version=cni_version,
+                             container_id=container_id, netns=netns, cni_path=cni_path, timeout=timeout,
+                             extra=extra)
+    if isinstance(outcome, CniError):
+        raise outcome
+    return outcome
+
+
+def invoke_many(command: str, requests: list[Request], *, network: str, cni_version: str, container_id: str,
+                netns: str, cni_path: list[str], timeout: float,
+                extra: dict | None = None) -> list[dict | None | CniError]:
+    """Run every rail's IPAM call at once (the plugins are separate processes; each keeps its own
+    lock and store) with one time limit for all. One outcome per request, in order: the parsed
+    result for ADD (None for other commands), or the CniError (IpamRefused when the plugin
+    answered with a CNI error) that request ended with. Never raises for a plugin's failure."""
     version = "1.1.0" if command in ("STATUS", "GC") else delegate_version(cni_version)
-    conf: dict[str, object] = {"cniVersion": version, "name": network, "ipam": ipam}
-    if extra:
-        conf.update(extra)
-    env = dict(os.environ)
-    env.update(CNI_COMMAND=command, CNI_CONTAINERID=container_id, CNI_NETNS=netns, CNI_IFNAME=ifname,
-               CNI_PATH=":".join(cni_path))
-    try:
-        proc = execplugin.run(plugin, jsonio.dumps(conf).encode(), env, timeout)
-    except execplugin.TimedOut:
-        raise CniError(IPAM_FAILED, f"IPAM {ipam['type']} {command} for {ifname} timed out after {timeout:g} s") from None
-    except OSError as exc:
-        raise CniError(IPAM_FAILED, f"IPAM {ipam['type']} could not be run: {exc}") from None
+    outcomes: list[dict | None | CniError] = [None] * len(requests)
+    calls: list[tuple[str, bytes, dict[str, str]]] = []
+    index: list[int] = []
+    for n, req in enumerate(requests):
+        try:
+            plugin = find_plugin(req.ipam["type"], cni_path)
+        except CniError as exc:
+            outcomes[n] = exc
+            continue
+        conf: dict[str, object] = {"cniVersion": version, "name": network, "ipam": req.ipam}
+        if extra:
+            conf.update(extra)
+        env = dict(os.environ)
+        env.update(CNI_COMMAND=command, CNI_CONTAINERID=container_id, CNI_NETNS=netns, CNI_IFNAME=req.ifname,
+                   CNI_PATH=":".join(cni_path))
+        calls.append((plugin, jsonio.dumps(conf).encode(), env))
+        index.append(n)
+    for n, proc in zip(index, execplugin.run_many(calls, timeout) if calls else []):
+        outcomes[n] = _outcome(command, requests[n], proc, timeout)
+    return outcomes
+
+
+def _outcome(command: str, req: Request, proc: execplugin.Finished | BaseException,
+             timeout: float) -> dict | None | CniError:
+    kind, ifname = req.ipam["type"], req.ifname
+    if isinstance(proc, execplugin.TimedOut):
+        return CniError(IPAM_FAILED, f"IPAM {kind} {command} for {ifname} timed out after {timeout:g} s")
+    if isinstance(proc, BaseException):
+        return CniError(IPAM_FAILED, f"IPAM {kind} could not be run: {proc}")
     if proc.returncode != 0:
         error = IpamRefused if _is_cni_error(proc) else CniError
-        raise error(IPAM_FAILED, f"IPAM {ipam['type']} {command} for {ifname} failed: {_error_text(proc)}")
+        return error(IPAM_FAILED, f"IPAM {kind} {command} for {ifname} failed: {_error_text(proc)}")
     if command != "ADD":
         return None
     try:
         result = jsonio.loads(proc.stdout)
     except ValueError:
-        raise CniError(IPAM_FAILED, f"IPAM {ipam['type']} returned no JSON result") from None
+        return CniError(IPAM_FAILED, f"IPAM {kind} returned no JSON result")
     if not isinstance(result, dict) or not result.get("ips"):
-        raise CniError(IPAM_FAILED, f"IPAM {ipam['type']} returned no IP address for {ifname}")
+        return CniError(IPAM_FAILED, f"IPAM {kind} returned no IP address for {ifname}")
     return result
 
 

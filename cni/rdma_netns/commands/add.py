@@ -169,19 +169,23 @@ def _add_rails(env: CniEnv, cfg: loader.Config, mode: modes.Mode, plan: list[rai
         extra["args"] = cfg.args
     if cfg.runtime.ips:
         extra["runtimeConfig"] = {"ips": cfg.runtime.ips}
-    ipam_results = []
-    for i, (rail, rail_state) in enumerate(zip(plan, state.rails)):
-        rail_state["ipamStarted"] = True  # from here on a rollback owes this rail an IPAM DEL
-        try:
-            ipam_results.append(
-                ipam.invoke("ADD", ipam=rail.ipam, network=net.name, cni_version=cfg.cni_version,
-                            container_id=env.container_id, netns=env.netns, ifname=rail.ifname,
-                            cni_path=env.path, timeout=net.ipam_timeout, extra=extra))
-        except ipam.IpamRefused:
+    # Every rail's IPAM delegate at once (separate processes, one time limit): on an 8-rail pod
+    # they were most of ADD one after another. From here on a rollback owes each rail an IPAM DEL.
+    for rail_state in state.rails:
+        rail_state["ipamStarted"] = True
+    outcomes = ipam.invoke_many("ADD", [ipam.Request(rail.ipam, rail.ifname) for rail in plan], network=net.name,
+                                cni_version=cfg.cni_version, container_id=env.container_id, netns=env.netns,
+                                cni_path=env.path, timeout=net.ipam_timeout, extra=extra)
+    for rail_state, outcome in zip(state.rails, outcomes):
+        if isinstance(outcome, ipam.IpamRefused):
             # It answered with a CNI error: it holds nothing for us, so the rollback's IPAM DEL is
             # a courtesy (the spec's), and its failure must not keep an attachment nobody can delete.
             rail_state["ipamRefused"] = True
-            raise
+    failed = next((o for o in outcomes if isinstance(o, CniError)), None)
+    if failed is not None:  # the first failing rail's error (it names the rail); rollback releases all
+        raise failed
+    ipam_results = outcomes
+    for i in range(len(plan)):
         faults.point(f"ipam-{i}")
     addressings = [addressing.parse_ipam_result(r, rail.ifname) for r, rail in zip(ipam_results, plan)]
     for i, (rail, parent) in enumerate(zip(plan, parents)):

@@ -13,7 +13,7 @@ from rdma_netns.commands.pod_netns import open_pod_netns_if_alive
 from rdma_netns.config import loader
 from rdma_netns.config.netconf import NetConfig
 from rdma_netns.kernel import netns, rtnl
-from rdma_netns.kernel.netlink import NetlinkSocket
+from rdma_netns.kernel.netlink import NetlinkSocket, is_missing
 from rdma_netns.spec.env import CniEnv
 from rdma_netns.spec.errors import IPAM_FAILED, KERNEL_REJECTED, CniError
 from rdma_netns.state import AttachmentState, StateStore
@@ -101,11 +101,15 @@ def teardown(state: AttachmentState, env: CniEnv, cfg: loader.Config, rolling_ba
             with gid_order.Lockstep(net.state_dir, net.lock_timeout,
                                     active=any(r.get("rdmaDevice") for r in state.rails)), \
                     netns.inside(pod_fd), NetlinkSocket() as pod_sock:
+                doomed: list[tuple[dict, rtnl.Link]] = []  # links the mode deletes, all in one step
                 for rail in state.rails:
                     try:
-                        _detach_rail(pod_sock, mode, rail, net, host_fd)
+                        link = _detach_rail(pod_sock, mode, rail, net, host_fd)
+                        if link is not None:
+                            doomed.append((rail, link))
                     except (OSError, CniError) as exc:
                         errors.append(f"{rail.get('ifname')}: {getattr(exc, 'msg', exc)}")
+                errors.extend(_delete_links(pod_sock, doomed))
         with NetlinkSocket() as host_sock:
             for rail in state.rails:
                 problem = mode.restore_host(host_sock, rail)
@@ -116,20 +120,22 @@ def teardown(state: AttachmentState, env: CniEnv, cfg: loader.Config, rolling_ba
         if pod_fd is not None:
             os.close(pod_fd)
     ipam_failures = 0
-    for rail in state.rails:
-        if not isinstance(rail.get("ipam"), dict) or (rolling_back and not rail.get("ipamStarted")):
+    owed = [rail for rail in state.rails
+            if isinstance(rail.get("ipam"), dict) and not (rolling_back and not rail.get("ipamStarted"))]
+    # Every rail's IPAM DEL at once (as ADD's), one time limit for all.
+    outcomes = ipam.invoke_many("DEL", [ipam.Request(rail["ipam"], rail["ifname"]) for rail in owed],
+                                network=state.network or net.name, cni_version=cfg.cni_version,
+                                container_id=state.container_id or env.container_id,
+                                netns=state.netns or env.netns, cni_path=env.path,
+                                timeout=net.ipam_timeout) if owed else []
+    for rail, outcome in zip(owed, outcomes):
+        if not isinstance(outcome, CniError):
             continue
-        try:
-            ipam.invoke("DEL", ipam=rail["ipam"], network=state.network or net.name,
-                        cni_version=cfg.cni_version, container_id=state.container_id or env.container_id,
-                        netns=state.netns or env.netns, ifname=rail["ifname"], cni_path=env.path,
-                        timeout=net.ipam_timeout)
-        except CniError as exc:
-            if rolling_back and rail.get("ipamRefused"):
-                log(f"IPAM DEL after a refused IPAM ADD failed too (ignored): {exc.msg}")
-                continue
-            errors.append(exc.msg)
-            ipam_failures += 1
+        if rolling_back and rail.get("ipamRefused"):
+            log(f"IPAM DEL after a refused IPAM ADD failed too (ignored): {outcome.msg}")
+            continue
+        errors.append(outcome.msg)
+        ipam_failures += 1
     for problem in pod_cdi.unpublish(state.published):  # never wedges a DEL; GC sweeps leftovers
         log(f"teardown: {problem}")
     return TeardownErrors(errors, ipam_failures)
@@ -142,22 +148,48 @@ def teardown_or_raise(state: AttachmentState, env: CniEnv, cfg: loader.Config) -
         raise CniError(code, "teardown incomplete: " + "; ".join(errors))
 
 
-def _detach_rail(pod_sock: NetlinkSocket, mode: modes.Mode, rail: dict, net: NetConfig, host_fd: int) -> None:
+def _detach_rail(pod_sock: NetlinkSocket, mode: modes.Mode, rail: dict, net: NetConfig,
+                 host_fd: int) -> rtnl.Link | None:
+    """Undo one rail in the pod; the link still to delete when the mode's detach is a plain
+    deletion (left to _delete_links, which takes every rail's at once)."""
     link = mode.find_in_pod(pod_sock, rail)
     if link is None:
         if mode.configures_addresses:
             _remove_orphan_rules(pod_sock, rail, net)
         else:
             mode.detach(pod_sock, None, rail, host_fd)  # nothing of its own in the pod but the device
-        return
+        return None
     if not mode.owns(link, rail):
-        return
+        return None
     table, priority = rails.routing(net, link)
     for family in (AF_INET6, AF_INET):  # rules are not removed with the link
         stale = [r.src for r in rtnl.list_rules(pod_sock, family)
                  if r.table == table and r.priority == priority and r.src is not None]
         addressing.remove_rules(pod_sock, stale, table, priority)
+    if mode.detach_deletes_link:
+        return link
     mode.detach(pod_sock, link, rail, host_fd)
+    return None
+
+
+def _delete_links(pod_sock: NetlinkSocket, doomed: list[tuple[dict, rtnl.Link]]) -> list[str]:
+    """Delete the rails' links in one kernel step (their routes and addresses go with them):
+    each deletion waits for an RCU grace period, a group deletion waits once. A link whose group
+    cannot be set, or a group deletion the kernel refuses, falls back to deleting one by one."""
+    errors: list[str] = []
+    if len(doomed) > 1:
+        try:
+            rtnl.delete_links(pod_sock, [link.index for _rail, link in doomed])
+            return errors
+        except OSError as exc:
+            log(f"teardown: deleting the rails' links together failed ({exc}); one by one")
+    for rail, link in doomed:
+        try:
+            rtnl.delete_link(pod_sock, link.index)
+        except OSError as exc:
+            if not is_missing(exc):
+                errors.append(f"{rail.get('ifname')}: {getattr(exc, 'msg', exc)}")
+    return errors
 
 
 def _remove_orphan_rules(pod_sock: NetlinkSocket, rail: dict, net: NetConfig) -> None:

@@ -27,6 +27,8 @@ class Mode:
     # unit admits the pod to every rail)
     parent_stays_in_host = True  # the rail's host netdev (and the node's address on it) stays in the
     # host: rangeFromNodeAddress can derive the pod range from that address
+    detach_deletes_link = False  # detach() is only the pod link's deletion: teardown deletes every
+    # rail's link in one kernel step instead (rtnl.delete_links)
     configures_addresses = True  # False: IPAM, addresses and routes are the previous plugin's
     # (chained after a netdev plugin: the pod interface is not ours, the attachment passes the
     # previous result on; see chained_rails/attach_chained)

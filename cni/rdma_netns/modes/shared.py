@@ -21,6 +21,7 @@ class SharedMode(Mode):
 
     name = "shared"
     parent_must_be_up = True  # its pods' links follow the parent's carrier
+    detach_deletes_link = True
 
     def __init__(self, link_kind: str, link_mode: str) -> None:
         self.link_kind = link_kind
