@@ -55,10 +55,13 @@ class _Child:
         self.status: int | None = None
 
 
-def run_many(calls: list[tuple[str, bytes, dict[str, str]]], timeout: float) -> list[Finished | BaseException]:
+def run_many(calls: list[tuple[str, bytes, dict[str, str]]], timeout: float,
+             spawned_hook=None) -> list[Finished | BaseException]:
     """Run several plugins at once (one poll loop, no threads), each with the same time limit
     from now. One outcome per call, in order: its Finished, or the exception that ended it
-    (TimedOut when it was killed at the deadline, OSError when it could not be started)."""
+    (TimedOut when it was killed at the deadline, OSError when it could not be started).
+    `spawned_hook` is called once all are running with their whole input (the fault suite's crash
+    point: killed then, the plugins finish on their own)."""
     deadline = time.monotonic() + timeout
     outcomes: list[Finished | BaseException | None] = [None] * len(calls)
     children: dict[int, tuple[int, _Child]] = {}  # fd -> (call number, child)
@@ -79,6 +82,9 @@ def run_many(calls: list[tuple[str, bytes, dict[str, str]]], timeout: float) -> 
             poller.register(child.stdin, select.POLLOUT)
         else:
             os.close(child.stdin)
+    writing = sum(1 for _n, child in spawned if child.stdin in children)
+    if writing == 0 and spawned_hook is not None:
+        spawned_hook()
     try:
         while children:
             left = deadline - time.monotonic()
@@ -93,6 +99,9 @@ def run_many(calls: list[tuple[str, bytes, dict[str, str]]], timeout: float) -> 
                         child.pending = child.pending[:0]
                     if not child.pending:
                         _close(poller, children, fd)
+                        writing -= 1
+                        if writing == 0 and spawned_hook is not None:
+                            spawned_hook()
                     continue
                 data = os.read(fd, 65536)
                 if data:

@@ -64,8 +64,8 @@ def invoke(command: str, *, ipam: dict, network: str, cni_version: str, containe
 
 
 def invoke_many(command: str, requests: list[Request], *, network: str, cni_version: str, container_id: str,
-                netns: str, cni_path: list[str], timeout: float,
-                extra: dict | None = None) -> list[dict | None | CniError]:
+                netns: str, cni_path: list[str], timeout: float, extra: dict | None = None,
+                spawned_hook=None) -> list[dict | None | CniError]:
     """Run every rail's IPAM call at once (the plugins are separate processes; each keeps its own
     lock and store) with one time limit for all. One outcome per request, in order: the parsed
     result for ADD (None for other commands), or the CniError (IpamRefused when the plugin
@@ -88,7 +88,7 @@ def invoke_many(command: str, requests: list[Request], *, network: str, cni_vers
                    CNI_PATH=":".join(cni_path))
         calls.append((plugin, jsonio.dumps(conf).encode(), env))
         index.append(n)
-    for n, proc in zip(index, execplugin.run_many(calls, timeout) if calls else []):
+    for n, proc in zip(index, execplugin.run_many(calls, timeout, spawned_hook) if calls else []):
         outcomes[n] = _outcome(command, requests[n], proc, timeout)
     return outcomes
 

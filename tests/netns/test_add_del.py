@@ -255,3 +255,29 @@ def test_config_verdict_is_cached_once_per_config(node):
     node.cni("DEL", node.conf(runtimeConfig={"mac": "02:00:00:00:00:01"}), pod).ok()
     assert list((Path(node.state_dir) / "verified-configs").iterdir()) == cache
     assert os.path.getsize(cache[0]) > 0
+
+
+def test_del_takes_the_rails_links_together_and_nothing_else(node):
+    """DEL deletes a pod's rail links as one device group (one RCU grace period for all); the
+    pod's other interfaces (another plugin's eth0, a link already in some group, another
+    network's rail) stay as they were."""
+    pod = node.pod()
+    ip("-n", pod, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p")
+    ip("-n", pod, "link", "add", "grouped", "type", "veth", "peer", "name", "groupedp")
+    ip("-n", pod, "link", "set", "grouped", "group", "7")
+    conf = node.conf(rails=2)
+    other = node.conf(name="second", rails=1)
+    other["rails"][0]["netdev"] = "rail1"
+    other["rails"][0]["ifname"] = "extra0"
+    node.cni("ADD", conf, pod).ok()
+    node.cni("ADD", other, pod, ifname="extra0").ok()
+    before = set(node.links(pod))
+    assert {"rdma0", "rdma1", "extra0", "eth0", "grouped"} <= before
+    deleted = node.cni("DEL", conf, pod)
+    deleted.ok()
+    assert "one by one" not in deleted.stderr, deleted.stderr  # the group deletion itself worked
+    assert set(node.links(pod)) == before - {"rdma0", "rdma1"}
+    assert node.links(pod)["grouped"].get("group") in (7, "7")
+    node.cni("DEL", other, pod, ifname="extra0").ok()  # one rail: the plain deletion
+    assert "extra0" not in node.links(pod)
+    assert node.allocations() == [] and node.allocations("second") == []

@@ -111,6 +111,39 @@ def test_exec_of_a_plugin_that_ignores_stdin(tmp_path):
     assert out.returncode == 0 and out.stdout == b"done\n"
 
 
+def test_run_many_runs_at_once_and_keeps_each_outcome(tmp_path):
+    """A pod's rails' IPAM delegates: they run together (0.5 s each, about 0.5 s for all), each
+    outcome in its place: a result, a failure, a timeout, one that could not be started."""
+    env = {"PATH": "/usr/bin:/bin"}
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "c").mkdir()
+    sleepy = script(tmp_path / "a", 'cat >/dev/null; sleep 0.5; echo "$CNI_IFNAME"\n')
+    failing = script(tmp_path / "b", "cat >/dev/null; echo nope >&2; exit 4\n")
+    hanging = script(tmp_path / "c", "sleep 30\n")
+    calls = [(sleepy, b"x" * 200_000, dict(env, CNI_IFNAME=f"rdma{i}")) for i in range(6)]
+    calls += [(failing, b"{}", env), (hanging, b"{}", env), (str(tmp_path / "missing"), b"{}", env)]
+    started = time.monotonic()
+    outcomes = execplugin.run_many(calls, timeout=2.0)
+    took = time.monotonic() - started
+    assert [o.stdout for o in outcomes[:6]] == [f"rdma{i}\n".encode() for i in range(6)]
+    assert outcomes[6].returncode == 4 and outcomes[6].stderr == b"nope\n"
+    assert isinstance(outcomes[7], execplugin.TimedOut) and isinstance(outcomes[8], OSError)
+    assert took < 4, f"{took:.1f} s: the hanging one is killed at the shared deadline"
+    fast = execplugin.run_many(calls[:6], timeout=10)
+    assert all(o.returncode == 0 for o in fast)
+
+
+def test_run_many_calls_its_hook_once_every_input_is_written(tmp_path):
+    seen: list[int] = []
+    path = script(tmp_path, "cat | wc -c\n")
+    outcomes = execplugin.run_many([(path, b"y" * 300_000, {"PATH": "/usr/bin:/bin"}),
+                                    (path, b"", {"PATH": "/usr/bin:/bin"})], 10,
+                                   spawned_hook=lambda: seen.append(len(seen)))
+    assert seen == [0]
+    assert [int(o.stdout) for o in outcomes] == [300_000, 0]
+
+
 # ---------------------------------------------------------------- per-attachment locks (issue 15)
 
 

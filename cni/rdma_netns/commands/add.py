@@ -175,7 +175,8 @@ def _add_rails(env: CniEnv, cfg: loader.Config, mode: modes.Mode, plan: list[rai
         rail_state["ipamStarted"] = True
     outcomes = ipam.invoke_many("ADD", [ipam.Request(rail.ipam, rail.ifname) for rail in plan], network=net.name,
                                 cni_version=cfg.cni_version, container_id=env.container_id, netns=env.netns,
-                                cni_path=env.path, timeout=net.ipam_timeout, extra=extra)
+                                cni_path=env.path, timeout=net.ipam_timeout, extra=extra,
+                                spawned_hook=lambda: faults.point("ipam-running"))
     for rail_state, outcome in zip(state.rails, outcomes):
         if isinstance(outcome, ipam.IpamRefused):
             # It answered with a CNI error: it holds nothing for us, so the rollback's IPAM DEL is
@@ -185,8 +186,7 @@ def _add_rails(env: CniEnv, cfg: loader.Config, mode: modes.Mode, plan: list[rai
     if failed is not None:  # the first failing rail's error (it names the rail); rollback releases all
         raise failed
     ipam_results = outcomes
-    for i in range(len(plan)):
-        faults.point(f"ipam-{i}")
+    faults.point("ipam-done")
     addressings = [addressing.parse_ipam_result(r, rail.ifname) for r, rail in zip(ipam_results, plan)]
     for i, (rail, parent) in enumerate(zip(plan, parents)):
         mode.attach(host_sock, pod_fd, rail, parent, cfg.runtime.mac)
