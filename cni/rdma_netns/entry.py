@@ -10,11 +10,9 @@ import os
 import sys
 from time import monotonic
 
-from rdma_netns import events, jsonio
-from rdma_netns.config import loader
-from rdma_netns.spec import versions
+from rdma_netns import grants_early, jsonio
 from rdma_netns.spec.env import CniEnv, read_env
-from rdma_netns.spec.errors import INCOMPATIBLE_VERSION, CniError
+from rdma_netns.spec.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, CniError
 
 INTERNAL_ERROR = 999
 
@@ -40,27 +38,54 @@ def run_cni(environ: dict[str, str] | None = None, stdin: bytes | None = None) -
     """One CNI invocation: result or error JSON on stdout, exit code 0 or 1; then one event to
     the device-plugin daemon's metrics (events.py), which never delays or fails the call."""
     started = monotonic()
-    events.reset()
     outcome = {"cmd": (environ if environ is not None else os.environ).get("CNI_COMMAND", ""), "code": 0,
-               "net": "", "fifo": events.DEFAULT_PATH}
+               "net": "", "fifo": None}  # None: events.DEFAULT_PATH
     try:
         outcome["code"] = code = _run_cni(environ, stdin, outcome)
         return 0 if code == 0 else 1
     finally:
         if outcome["cmd"] != "VERSION":
-            events.send(outcome["fifo"], outcome["cmd"], outcome["code"], monotonic() - started, outcome["net"])
+            from rdma_netns import events
+
+            fifo = events.DEFAULT_PATH if outcome["fifo"] is None else outcome["fifo"]
+            events.send(fifo, outcome["cmd"], outcome["code"], monotonic() - started, outcome["net"])
+
+
+def parse_config(data: bytes) -> dict:
+    """The network config on stdin, a JSON object, or DECODE_FAILURE."""
+    try:
+        raw = jsonio.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CniError(DECODE_FAILURE, "config on stdin is not valid JSON", str(exc)) from None
+    except RecursionError:
+        raise CniError(DECODE_FAILURE, "config on stdin is nested too deeply to be a network config") from None
+    if not isinstance(raw, dict):
+        raise CniError(DECODE_FAILURE, "config on stdin must be a JSON object")
+    return raw
 
 
 def _run_cni(environ: dict[str, str] | None, stdin: bytes | None, outcome: dict) -> int:
     """run_cni's body: 0, or the CNI error code it wrote on stdout; `outcome` learns the network."""
-    error_version = versions.LATEST
+    error_version = ""  # the config's own when it is one we speak, else the latest
+    early = None
     try:
         env = read_env(environ)
         data = sys.stdin.buffer.read() if stdin is None else stdin
         if env.command == "VERSION":
+            from rdma_netns.spec import versions
+
             _emit(versions.version_result())
             return 0
-        raw = loader.parse_json(data)
+        raw = parse_config(data)
+        if env.command == "ADD":
+            early = grants_early.send(raw, env.args)  # answered while the rest loads (grants_early.py)
+        # Imported only now (not at the top): with the grants question on its way, their loading
+        # overlaps the broker's work.
+        from rdma_netns import events
+        from rdma_netns.config import loader
+        from rdma_netns.spec import versions
+
+        events.reset()
         _describe_network(raw, outcome)
         if raw.get("cniVersion") in versions.SUPPORTED_VERSIONS:
             error_version = raw["cniVersion"]
@@ -75,7 +100,7 @@ def _run_cni(environ: dict[str, str] | None, stdin: bytes | None, outcome: dict)
         if env.command == "ADD":
             from rdma_netns import pairing
 
-            _emit(pairing.add(env, cfg))
+            _emit(pairing.add(env, cfg, early))
         elif env.command == "DEL":
             from rdma_netns.commands import teardown
 
@@ -96,14 +121,24 @@ def _run_cni(environ: dict[str, str] | None, stdin: bytes | None, outcome: dict)
             gc.cmd_gc(env, cfg)
         return 0
     except CniError as exc:
-        _emit(exc.to_json_dict(error_version))
+        _emit(exc.to_json_dict(error_version or _latest()))
         return exc.code or INTERNAL_ERROR
     except Exception as exc:  # a bug or an unexpected kernel answer: still a CNI error, never a bare traceback
         import traceback
 
         traceback.print_exc(file=sys.stderr)
-        _emit(CniError(INTERNAL_ERROR, f"internal error: {type(exc).__name__}: {exc}").to_json_dict(error_version))
+        _emit(CniError(INTERNAL_ERROR, f"internal error: {type(exc).__name__}: {exc}").to_json_dict(
+            error_version or _latest()))
         return INTERNAL_ERROR
+    finally:
+        if early is not None:
+            early.close()  # an answer nobody took: the call failed first, or its config pairs otherwise
+
+
+def _latest() -> str:
+    from rdma_netns.spec import versions
+
+    return versions.LATEST
 
 
 def _describe_network(raw: dict, outcome: dict) -> None:
@@ -123,6 +158,7 @@ def _repeated_del(env: CniEnv, raw: dict) -> bool:
 
     Checked before the config is validated (only its network name and stateDir, safely): a
     repeat never pays for validation, not even for a config this version would refuse."""
+    from rdma_netns.config import loader
     from rdma_netns.state import StateStore
 
     try:
@@ -134,5 +170,7 @@ def _repeated_del(env: CniEnv, raw: dict) -> bool:
 
 
 def _require_11(version: str, command: str) -> None:
+    from rdma_netns.spec import versions
+
     if not versions.at_least(version, "1.1.0"):
         raise CniError(INCOMPATIBLE_VERSION, f"{command} needs cniVersion 1.1.0 or later, not {version}")

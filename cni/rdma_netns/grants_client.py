@@ -10,10 +10,11 @@ code the daemon uses (rdma_netns.kubelet.podresources, below both packages): slo
 from __future__ import annotations
 
 import errno
-from _socket import AF_UNIX, SOCK_CLOEXEC, SOCK_STREAM, socket
+from _socket import socket
 
 from rdma_netns import events, jsonio
 from rdma_netns.config.netconf import NetConfig
+from rdma_netns.grants_early import Early, connect_and_send, request
 from rdma_netns.spec.errors import PAIRING_UNAVAILABLE, CniError
 
 MAX_ANSWER = 1 << 20
@@ -41,33 +42,40 @@ class Grant:
         self.found, self.device_ids, self.via = found, device_ids, via
 
 
-def query(net: NetConfig, namespace: str, name: str, uid: str) -> Grant:
-    """The pod's device IDs of net.resource_name; CniError(PAIRING_UNAVAILABLE) when unknowable."""
+def query(net: NetConfig, namespace: str, name: str, uid: str, early: Early | None = None) -> Grant:
+    """The pod's device IDs of net.resource_name; CniError(PAIRING_UNAVAILABLE) when unknowable.
+    `early`: the question grants_early.send asked before the config was validated; its answer is
+    read when it is this very question, else it is dropped and the question asked now."""
     timeout = net.pod_resources_timeout_ms / 1000
     broker = net.pod_grants_socket
     if broker:
-        request = {"v": 1, "podResourcesSocket": net.pod_resources_socket, "namespace": namespace,
-                   "name": name, "uid": uid, "resourceName": net.resource_name,
-                   "timeoutMs": net.pod_resources_timeout_ms}
+        question = request(net.pod_resources_socket, namespace, name, uid, net.resource_name or "",
+                           net.pod_resources_timeout_ms)
         events.note("pairing", "broker")
         try:
+            sock = early.take(broker, question) if early is not None else None
             # The broker's own kubelet deadline comes first; allow it time to say so.
-            return _from_answer(_ask_broker(broker, request, timeout + 0.25), net)
+            if sock is None:
+                sock = connect_and_send(broker, question, timeout + 0.25)
+            return _from_answer(_receive(sock, broker, timeout + 0.25), net)
+        except TimeoutError:
+            raise CniError(PAIRING_UNAVAILABLE, f"the grants broker {broker} did not answer in {timeout + 0.25:.2f} s",
+                           "kubelet's PodResources API may be slow; raise podResourcesTimeoutMs") from None
         except OSError as exc:
             if exc.errno not in NO_BROKER:
                 raise CniError(PAIRING_UNAVAILABLE, f"the device plugin's grants broker {broker} failed: "
                                f"{exc.strerror or exc}") from None
+    elif early is not None:
+        early.close()
     events.note("pairing", "kubelet")
     return _ask_kubelet(net, namespace, name, timeout)
 
 
-def _ask_broker(path: str, request: dict, timeout: float) -> dict:
-    sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC)  # _socket: the socket module's enum import costs
+def _receive(sock: socket, path: str, timeout: float) -> dict:
+    """The broker's one-line answer on `sock` (closed afterwards)."""
+    data = b""
     try:
         sock.settimeout(timeout)
-        sock.connect(path)
-        sock.sendall(jsonio.dumps(request).encode() + b"\n")
-        data = b""
         while not data.endswith(b"\n"):
             chunk = sock.recv(65536)
             if not chunk:

@@ -15,15 +15,17 @@ from rdma_netns import events
 from rdma_netns.config.loader import Config
 from rdma_netns.config.netconf import NetConfig
 from rdma_netns.grants_client import Grant, query
+from rdma_netns.grants_early import Early
 from rdma_netns.spec import versions
 from rdma_netns.spec.env import CniEnv
 from rdma_netns.spec.errors import INVALID_ENV, NOT_GRANTED, PAIRING_UNAVAILABLE, CniError
 
 
-def add(env: CniEnv, cfg: Config) -> dict:
+def add(env: CniEnv, cfg: Config, early: Early | None = None) -> dict:
     """ADD behind the pairing gate. A pod that pairing leaves out never loads the attaching code:
-    start-up is most of its cost, and most pods on a node ask for no RDMA."""
-    grant = granted(env, cfg.net)
+    start-up is most of its cost, and most pods on a node ask for no RDMA. `early`: the grants
+    question entry.py sent before the config was validated (grants_early.py)."""
+    grant = granted(env, cfg.net, early)
     if grant is not None:
         events.note("granted", bool(grant.device_ids))
     if attaches_nothing(grant, cfg.prev_result is not None, cfg.net.resource_name or ""):
@@ -33,7 +35,7 @@ def add(env: CniEnv, cfg: Config) -> dict:
     return versions.format_result(add_command.cmd_add(env, cfg, grant), cfg.cni_version)
 
 
-def granted(env: CniEnv, net: NetConfig) -> Grant | None:
+def granted(env: CniEnv, net: NetConfig, early: Early | None = None) -> Grant | None:
     """The pod's grant of net.resource_name; None when pairing is off."""
     resource = net.resource_name
     if not resource:
@@ -43,7 +45,7 @@ def granted(env: CniEnv, net: NetConfig) -> Grant | None:
         raise CniError(INVALID_ENV, f"\"resourceName\": \"{resource}\" pairs attachments with kubelet's device "
                        "grants, but CNI_ARGS names no K8S_POD_NAMESPACE and K8S_POD_NAME",
                        "a Kubernetes runtime (containerd, CRI-O) sends them; drop resourceName for other runtimes")
-    grant = query(net, namespace, name, env.args.get("K8S_POD_UID", ""))
+    grant = query(net, namespace, name, env.args.get("K8S_POD_UID", ""), early)
     if not grant.found:
         raise CniError(PAIRING_UNAVAILABLE, f"kubelet does not know pod {namespace}/{name} "
                        f"(PodResources {grant.via or 'query'})",

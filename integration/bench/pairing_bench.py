@@ -15,6 +15,9 @@ namespace per call, the way a runtime calls them. Cases, interleaved per iterati
   (CNI_NETNS '' and no prevResult, as containerd's RemovePodSandbox sends it);
 - not-granted-direct: the same ADD with podGrantsSocket "" (the plugin imports grpc and asks
   kubelet itself: what the broker saves).
+--baseline /other/venv/bin/rdma-netns adds "not-granted-baseline" and "granted-1rail-baseline":
+the same two cases through another build's launcher in the same run (a change's effect, side by
+side, not against figures from another day on a noisy VM).
 requireRdma is false (no RDMA hardware here): the GID wait of a real node is not in these figures.
 """
 
@@ -34,12 +37,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 
 from common import (  # noqa: E402
-    GO_PLUGINS, cni_env, common_args, go_macvlan_conf, host_local, outer_main, percentile, spawn,
+    GO_PLUGINS, cni_env, common_args, go_macvlan_conf, host_local, install_launcher, outer_main, percentile, spawn,
 )
 
 NODE = "rnpair-node"
 POD_PREFIX = "rnpair-pod-"
 RESOURCE = "rdma/hca"
+BASELINE_NOT_GRANTED = "not-granted-baseline"
+BASELINE_GRANTED = "granted-1rail-baseline"
 
 
 def primary(netns: str) -> dict:
@@ -73,8 +78,11 @@ def inner(args: argparse.Namespace) -> dict:
     def record(case: str, what: str, value: float) -> None:
         times.setdefault(case, {}).setdefault(what, []).append(value)
 
+    cases = ["go-macvlan-ipv4", "not-granted", "granted-1rail", "not-granted-direct"]
+    if args.baseline_plugin:
+        cases += [BASELINE_NOT_GRANTED, BASELINE_GRANTED]
     for i in range(args.iterations + 1):  # iteration 0 warms caches (and the verified-config cache)
-        for case in ("go-macvlan-ipv4", "not-granted", "granted-1rail", "not-granted-direct"):
+        for case in cases:
             pod = f"{POD_PREFIX}{i}-{case}"
             netns = f"/var/run/netns/{pod}"
             os.system(f"ip netns add {pod}")
@@ -87,12 +95,13 @@ def inner(args: argparse.Namespace) -> dict:
                 else:
                     broker = "" if case == "not-granted-direct" else args.broker
                     conf = ours(state_dir, data_dir, args.kubelet_sock, broker)
-                    name = "trainer" if case == "granted-1rail" else "web"
+                    name = "trainer" if case.startswith("granted-1rail") else "web"
+                    plugin = args.baseline_plugin if case.endswith("-baseline") else args.plugin
                     k8s = f"IgnoreUnknown=1;K8S_POD_NAMESPACE=bench;K8S_POD_NAME={name};K8S_POD_UID=u-{i}"
                     chained = dict(conf, prevResult=primary(netns))
-                    t = [call(args.plugin, "ADD", chained, cid, netns, "eth0", k8s),
-                         call(args.plugin, "DEL", chained, cid, netns, "eth0", k8s),
-                         call(args.plugin, "DEL", conf, cid, "", "eth0", k8s)]
+                    t = [call(plugin, "ADD", chained, cid, netns, "eth0", k8s),
+                         call(plugin, "DEL", chained, cid, netns, "eth0", k8s),
+                         call(plugin, "DEL", conf, cid, "", "eth0", k8s)]
             finally:
                 os.system(f"ip netns del {pod}")
             if i:
@@ -113,13 +122,18 @@ def inner(args: argparse.Namespace) -> dict:
         "direct (grpc) ADD / broker ADD, not granted": c["not-granted-direct"]["add_median_ms"]
         / c["not-granted"]["add_median_ms"],
     }
+    if args.baseline_plugin:
+        out["ratios"].update({
+            "not-granted ADD / baseline's": c["not-granted"]["add_median_ms"] / c[BASELINE_NOT_GRANTED]["add_median_ms"],
+            "granted 1-rail ADD / baseline's": c["granted-1rail"]["add_median_ms"] / c[BASELINE_GRANTED]["add_median_ms"],
+        })
     return out
 
 
 def report(out: dict) -> None:
-    print(f"{'case':<22} {'ADD med':>8} {'ADD p90':>8} {'DEL med':>8} {'reDEL med':>9}  (ms, {out['iterations']} runs)")
+    print(f"{'case':<26} {'ADD med':>8} {'ADD p90':>8} {'DEL med':>8} {'reDEL med':>9}  (ms, {out['iterations']} runs)")
     for name, c in out["cases"].items():
-        print(f"{name:<22} {c['add_median_ms']:8.1f} {c['add_p90_ms']:8.1f} {c['del_median_ms']:8.1f} "
+        print(f"{name:<26} {c['add_median_ms']:8.1f} {c['add_p90_ms']:8.1f} {c['del_median_ms']:8.1f} "
               f"{c['repeated_del_median_ms']:9.1f}")
     for name, value in out["ratios"].items():
         print(f"{name:<46} {value:6.2f}x")
@@ -131,6 +145,8 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--kubelet-sock", help=argparse.SUPPRESS)
     parser.add_argument("--broker", help=argparse.SUPPRESS)
+    parser.add_argument("--baseline", help="another build's rdma-netns executable, measured in the same run")
+    parser.add_argument("--baseline-plugin", help=argparse.SUPPRESS)  # its launcher, set by the outer run
     args = parser.parse_args()
     if args.inner:
         out = inner(args)
@@ -153,6 +169,8 @@ def main() -> int:
         host.kubelet.admit_pod("bench", "trainer", {"main": {RESOURCE: 1}})
         pod_resources.set_pod("bench", "web", {"main": {"nvidia.com/gpu": ["GPU-0"]}})
         sys.argv += ["--kubelet-sock", str(pod_resources.socket), "--broker", str(broker)]
+        if args.baseline:
+            sys.argv += ["--baseline-plugin", install_launcher(args.baseline, tempfile.mkdtemp(prefix="rnpair-base-"))]
         if args.json:
             sys.argv[sys.argv.index("--json") + 1] = os.path.abspath(args.json)
         return outer_main(args, __file__, NODE, 1, POD_PREFIX)

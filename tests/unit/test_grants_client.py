@@ -53,7 +53,10 @@ class ScriptedBroker:
                 self.requests.append(json.loads(data))
                 answer = self.reply(data)
                 if answer is not None:
-                    conn.sendall(answer)
+                    try:
+                        conn.sendall(answer)
+                    except OSError:
+                        pass  # the client hung up first (an early question it dropped)
 
     def close(self) -> None:
         self.sock.close()
@@ -161,3 +164,92 @@ def test_pairing_rules():
     with pytest.raises(CniError) as err:
         pairing.attaches_nothing(none, chained=False, resource="rdma/hca")
     assert err.value.code == 108
+
+
+# ---- the early question (grants_early.py): asked before validation, its answer taken only when
+# the validated config asks the very same question of the very same broker
+
+
+def raw_config(broker: str, **extra) -> dict:
+    return {"cniVersion": "1.0.0", "name": "n", "type": "rdma-netns", "resourceName": "rdma/hca",
+            "podGrantsSocket": broker, **extra}
+
+
+POD_ARGS = {"K8S_POD_NAMESPACE": "team-a", "K8S_POD_NAME": "trainer", "K8S_POD_UID": "uid-1"}
+GRANTED = b'{"v": 1, "found": true, "deviceIDs": ["hca-0001"], "via": "Get"}\n'
+
+
+def validated(broker: str, **extra) -> NetConfig:
+    """What the loader makes of raw_config (the model's defaults filled in)."""
+    from rdma_netns.config.loader import validate_with_model
+
+    return NetConfig(validate_with_model(raw_config(broker, **extra)))
+
+
+def test_the_early_question_is_the_one_asked_and_its_answer_is_used(broker_with):
+    from rdma_netns import grants_early
+
+    b = broker_with(lambda _: GRANTED)
+    early = grants_early.send(raw_config(b.path), POD_ARGS)
+    assert early is not None
+    deadline = time.monotonic() + 2
+    while not b.requests and time.monotonic() < deadline:  # asked before anything was validated
+        time.sleep(0.01)
+    assert len(b.requests) == 1
+    grant = grants_client.query(validated(b.path), "team-a", "trainer", "uid-1", early)
+    assert (grant.found, grant.device_ids) == (True, ["hca-0001"])
+    assert len(b.requests) == 1, "the early answer was used, not a second question"
+    assert b.requests[0] == {"v": 1, "podResourcesSocket": "/var/lib/kubelet/pod-resources/kubelet.sock",
+                             "namespace": "team-a", "name": "trainer", "uid": "uid-1",
+                             "resourceName": "rdma/hca", "timeoutMs": 500}
+
+
+def test_an_early_question_that_differs_is_dropped_and_asked_again(broker_with):
+    """The validated config asks something else (here: another pod UID): the early answer is not
+    taken, whatever it says, and the right question is asked."""
+    from rdma_netns import grants_early
+
+    b = broker_with(lambda data: GRANTED if b'"uid-2"' in data else b'{"v": 1, "found": false, "via": "Get"}\n')
+    early = grants_early.send(raw_config(b.path), POD_ARGS)
+    grant = grants_client.query(validated(b.path), "team-a", "trainer", "uid-2", early)
+    assert grant.device_ids == ["hca-0001"]
+    assert [r["uid"] for r in b.requests] == ["uid-1", "uid-2"]
+    assert early.sock is None
+
+
+def test_early_question_only_for_values_validation_takes_as_they_are(broker_with, tmp_path):
+    from rdma_netns import grants_early
+
+    b = broker_with(lambda _: GRANTED)
+    assert grants_early.send(raw_config(b.path, podResourcesTimeoutMs=True), POD_ARGS) is None
+    assert grants_early.send(raw_config(b.path, podResourcesTimeoutMs=0), POD_ARGS) is None
+    assert grants_early.send(raw_config("relative.sock"), POD_ARGS) is None
+    assert grants_early.send(raw_config(b.path, resourceName=""), POD_ARGS) is None
+    assert grants_early.send(raw_config(b.path), {"K8S_POD_NAMESPACE": "ns"}) is None
+    assert grants_early.send(raw_config(str(tmp_path / "absent.sock")), POD_ARGS) is None
+    assert b.requests == []
+
+
+def test_a_refused_config_drops_the_early_question(broker_with, tmp_path):
+    """The whole CNI call: the config fails validation after the question left; the call reports the
+    config error (7), the broker saw the question and a hang-up, and nothing was attached."""
+    from rdma_netns.entry import run_cni
+
+    b = broker_with(lambda _: (time.sleep(0.05), GRANTED)[1])
+    conf = raw_config(b.path, stateDir=str(tmp_path / "state"), eventsFifo="", mode="shared",
+                      rails=[{"netdev": "nonexistent0", "ipam": {"type": "host-local"}}], unknownKey=1)
+    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": "/var/run/netns/none",
+           "CNI_IFNAME": "net1", "CNI_PATH": "/usr/lib/cni",
+           "CNI_ARGS": "K8S_POD_NAMESPACE=team-a;K8S_POD_NAME=trainer;K8S_POD_UID=uid-1"}
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = run_cni(env, json.dumps(conf).encode())
+    assert rc == 1
+    assert json.loads(out.getvalue())["code"] == 7
+    deadline = time.monotonic() + 2
+    while not b.requests and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(b.requests) == 1

@@ -97,10 +97,12 @@ def _install_launcher(args: argparse.Namespace) -> int:
     from rdma_netns.admin import launcher
 
     try:
-        launcher.install(args.dest)
+        problem = launcher.install(args.dest)
     except (OSError, ValueError) as exc:
         print(f"install-launcher: {exc}", file=sys.stderr)
         return 1
+    if problem:
+        print(f"install-launcher: {problem}", file=sys.stderr)
     print(f"wrote {args.dest}")
     return 0
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from rdma_netns import addressing, faults, gid_order, ipam, modes, pod_cdi, pod_info, rails
+from rdma_netns import faults, ipam, modes, pod_cdi, pod_info, rails
 from rdma_netns.commands import log
 from rdma_netns.commands.pod_netns import open_pod_netns
 from rdma_netns.config import loader
@@ -25,6 +25,10 @@ from rdma_netns.spec.errors import (
     CniError,
 )
 from rdma_netns.state import AttachmentState, StateStore
+
+TYPE_CHECKING = False  # typing is not imported on the hot path
+if TYPE_CHECKING:
+    from rdma_netns.addressing import RailAddressing  # loaded while IPAM runs (_load_after_ipam)
 
 
 def cmd_add(env: CniEnv, cfg: loader.Config, grant: Grant | None = None) -> dict:
@@ -173,10 +177,21 @@ def _add_rails(env: CniEnv, cfg: loader.Config, mode: modes.Mode, plan: list[rai
     # they were most of ADD one after another. From here on a rollback owes each rail an IPAM DEL.
     for rail_state in state.rails:
         rail_state["ipamStarted"] = True
+
+    def while_ipam_runs() -> None:
+        """The rails' links need no address: they are made while the delegates run (a failure
+        here still waits for them, then rolls back like any other), and the code of the steps
+        after IPAM loads meanwhile."""
+        faults.point("ipam-running")
+        for i, (rail, parent) in enumerate(zip(plan, parents)):
+            mode.attach(host_sock, pod_fd, rail, parent, cfg.runtime.mac)
+            faults.point(f"attached-{i}")
+        _load_after_ipam()
+
     outcomes = ipam.invoke_many("ADD", [ipam.Request(rail.ipam, rail.ifname) for rail in plan], network=net.name,
                                 cni_version=cfg.cni_version, container_id=env.container_id, netns=env.netns,
                                 cni_path=env.path, timeout=net.ipam_timeout, extra=extra,
-                                spawned_hook=lambda: faults.point("ipam-running"))
+                                spawned_hook=while_ipam_runs)
     for rail_state, outcome in zip(state.rails, outcomes):
         if isinstance(outcome, ipam.IpamRefused):
             # It answered with a CNI error: it holds nothing for us, so the rollback's IPAM DEL is
@@ -187,10 +202,9 @@ def _add_rails(env: CniEnv, cfg: loader.Config, mode: modes.Mode, plan: list[rai
         raise failed
     ipam_results = outcomes
     faults.point("ipam-done")
+    from rdma_netns import addressing, gid_order  # loaded while IPAM ran (_load_after_ipam)
+
     addressings = [addressing.parse_ipam_result(r, rail.ifname) for r, rail in zip(ipam_results, plan)]
-    for i, (rail, parent) in enumerate(zip(plan, parents)):
-        mode.attach(host_sock, pod_fd, rail, parent, cfg.runtime.mac)
-        faults.point(f"attached-{i}")
     links: list[rtnl.Link] = []
     # GID-producing changes (links up, link-local addresses, the pod's addresses) go to all rails in
     # lockstep under the node-wide GID order lock, until their GIDs are there: pods then get the same
@@ -222,6 +236,15 @@ def _add_rails(env: CniEnv, cfg: loader.Config, mode: modes.Mode, plan: list[rai
     return _result(env, cfg, plan, links, addressings)
 
 
+def _load_after_ipam() -> None:
+    """What the steps after IPAM need (their modules, setns(2) from libc: ~1 ms of a cold
+    process), loaded while the IPAM delegates run instead of before or after them."""
+    from rdma_netns import addressing, gid_order
+
+    del addressing, gid_order  # imported for later: _add_rails imports them again at no cost
+    netns.load_setns()
+
+
 def _kernel_step(link: rtnl.Link, step, *args) -> None:
     """One configuration step of a rail in the pod; the kernel's refusal becomes KERNEL_REJECTED."""
     try:
@@ -230,7 +253,7 @@ def _kernel_step(link: rtnl.Link, step, *args) -> None:
         raise CniError(KERNEL_REJECTED, f"configuring {link.name}: {exc.strerror}") from None
 
 
-def _wait_for_gids(plan: list[rails.Rail], addressings: list[addressing.RailAddressing], timeout: float,
+def _wait_for_gids(plan: list[rails.Rail], addressings: list[RailAddressing], timeout: float,
                    pod_view_fd: int | None) -> list[list[int]]:
     """Each rail address must show up as a RoCE v2 GID of the rail's RDMA port (briefly awaited).
 
@@ -293,7 +316,7 @@ def _missing_gid(rail: rails.Rail, device: str, port: int, address: str, timeout
 
 
 def _result(env: CniEnv, cfg: loader.Config, plan: list[rails.Rail], links: list[rtnl.Link],
-            addressings: list[addressing.RailAddressing]) -> dict:
+            addressings: list[RailAddressing]) -> dict:
     prev = versions.format_result(cfg.prev_result, versions.LATEST) if cfg.prev_result else {}
     interfaces = list(prev.get("interfaces", []))
     ips = list(prev.get("ips", []))

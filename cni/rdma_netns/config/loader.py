@@ -24,7 +24,7 @@ from rdma_netns.config.defaults import (  # noqa: F401 (re-exported: loader.DEFA
 )
 from rdma_netns.config.netconf import NetConfig
 from rdma_netns.spec import versions
-from rdma_netns.spec.errors import DECODE_FAILURE, INVALID_CONFIG, INVALID_ENV, CniError
+from rdma_netns.spec.errors import INVALID_CONFIG, INVALID_ENV, CniError
 
 CACHE_FOLDER = "verified-configs"  # state.CACHE_FOLDER (not imported: a VERSION call loads no state code)
 # Folder names beside the network folders under stateDir (state.RESERVED_NAMES): a network of
@@ -79,18 +79,6 @@ class Config:
         self.valid_attachments = valid_attachments
         # DEL only: why the config would be refused on ADD; net then holds teardown settings only.
         self.refused = refused
-
-
-def parse_json(data: bytes) -> dict:
-    try:
-        raw = jsonio.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise CniError(DECODE_FAILURE, "config on stdin is not valid JSON", str(exc)) from None
-    except RecursionError:
-        raise CniError(DECODE_FAILURE, "config on stdin is nested too deeply to be a network config") from None
-    if not isinstance(raw, dict):
-        raise CniError(DECODE_FAILURE, "config on stdin must be a JSON object")
-    return raw
 
 
 def load(raw: dict) -> Config:

@@ -19,7 +19,9 @@ from rdma_netns.config.defaults import (
     DEFAULT_POD_GRANTS_SOCKET,
     DEFAULT_POD_INFO_DIR,
     DEFAULT_POD_RESOURCES_SOCKET,
+    DEFAULT_POD_RESOURCES_TIMEOUT_MS,
     DEFAULT_STATE_DIR,
+    MAX_POD_RESOURCES_TIMEOUT_MS,
     RUNTIME_KEYS,
     TEARDOWN_DEFAULTS,
 )
@@ -138,7 +140,7 @@ class NetConf(Strict):
     # Pairing with the device plugin: attach only pods kubelet granted units of this resource.
     resourceName: str | None = None
     podResourcesSocket: str = DEFAULT_POD_RESOURCES_SOCKET
-    podResourcesTimeoutMs: int = Field(default=500, ge=1, le=10000)
+    podResourcesTimeoutMs: int = Field(default=DEFAULT_POD_RESOURCES_TIMEOUT_MS, ge=1, le=MAX_POD_RESOURCES_TIMEOUT_MS)
     podGrantsSocket: str = DEFAULT_POD_GRANTS_SOCKET
     # Where each call's metrics event goes (events.py; the device plugin's metrics); "" = nowhere.
     eventsFifo: str = DEFAULT_EVENTS_FIFO

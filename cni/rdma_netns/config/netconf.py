@@ -9,7 +9,11 @@ an attribute here (one line in __slots__, one in __init__).
 from __future__ import annotations
 
 # The defaults live in defaults.py (shared with model.py and loader.py); re-exported here.
-from rdma_netns.config.defaults import DEFAULT_GID_WAIT_MS, TEARDOWN_DEFAULTS  # noqa: F401
+from rdma_netns.config.defaults import (  # noqa: F401
+    DEFAULT_GID_WAIT_MS,
+    DEFAULT_POD_RESOURCES_TIMEOUT_MS,
+    TEARDOWN_DEFAULTS,
+)
 
 
 class RailConf:
@@ -62,7 +66,7 @@ class NetConfig:
         self.dns: dict | None = d.get("dns")
         self.resource_name: str | None = d.get("resourceName")
         self.pod_resources_socket: str = d.get("podResourcesSocket", "")
-        self.pod_resources_timeout_ms: int = d.get("podResourcesTimeoutMs", 500)
+        self.pod_resources_timeout_ms: int = d.get("podResourcesTimeoutMs", DEFAULT_POD_RESOURCES_TIMEOUT_MS)
         self.pod_grants_socket: str = d.get("podGrantsSocket", "")
         # "" (also DEL's fallback for a refused config): publish nothing; teardown uses the state.
         self.pod_info_dir: str = d.get("podInfoDir", "")

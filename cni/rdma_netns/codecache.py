@@ -1,0 +1,122 @@
+"""The CNI hot path's compiled modules in one file, read once per pod event.
+
+A CNI call imports about 40 Python modules (a granted ADD: this package's and the pure-Python
+standard library modules they use). Through the ordinary import system each costs a folder
+lookup, a .pyc open and read and its checks: about a third of their 5-7 ms of loading, measured
+(docs/benchmarks.md). `rdma-netns install-launcher` writes them, compiled, into one file beside
+the package (PATH below), and the launcher puts a finder in front of the import system that
+serves them from it.
+
+Never a wrong module: each entry keeps its source file's size and modification time, checked
+(one stat) before it is used, like a .pyc's own check; a module whose source changed since (an
+upgrade in place without a new launcher) is imported the ordinary way. An unreadable or foreign
+file (another Python's bytecode) is ignored. So a stale or broken cache costs speed, never
+correctness. Imports only what the interpreter has already loaded (no __future__ either).
+"""
+
+import marshal
+import os
+import sys
+
+FORMAT = 1
+FILE_NAME = f"cni-hot-path.{sys.implementation.cache_tag}.bundle"
+# What a CNI call can load, as import roots; build() takes their whole import closure. Modules a
+# command imports later, inside a function, are roots too when they are common enough.
+ROOTS = ("rdma_netns.entry", "rdma_netns.pairing", "rdma_netns.commands.add", "rdma_netns.commands.teardown",
+         "rdma_netns.commands.check", "rdma_netns.commands.gc", "rdma_netns.commands.status",
+         "rdma_netns.node_range", "rdma_netns.kernel.netns_sysfs")
+_ModuleSpec = type(sys.__spec__)  # importlib's ModuleSpec, without importing importlib
+
+
+def path_for(packages: str) -> str:
+    """Where the file of the package installed in `packages` (a site-packages folder) lives."""
+    return f"{packages}/rdma_netns/__pycache__/{FILE_NAME}"
+
+
+class Finder:
+    """A meta path finder serving the cached modules whose sources are unchanged."""
+
+    def __init__(self, modules: dict) -> None:
+        self.modules = modules  # name -> (is_package, source path, size, mtime_ns, marshalled code)
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> object:
+        entry = self.modules.get(name)
+        if entry is None:
+            return None
+        is_package, origin, size, mtime_ns, _code = entry
+        try:
+            st = os.stat(origin)
+        except OSError:
+            st = None
+        if st is None or st.st_size != size or st.st_mtime_ns != mtime_ns:
+            del self.modules[name]  # changed or gone: the ordinary finders decide
+            return None
+        spec = _ModuleSpec(name, self, origin=origin, is_package=is_package)
+        spec.has_location = True  # __file__ = origin, as the ordinary loader sets it
+        if is_package:
+            spec.submodule_search_locations = [os.path.dirname(origin)]  # its other modules, found as usual
+        return spec
+
+    def create_module(self, spec: object) -> None:
+        return None  # the default module object
+
+    def exec_module(self, module: object) -> None:
+        code = marshal.loads(self.modules.pop(module.__spec__.name)[4])  # type: ignore[attr-defined]
+        exec(code, module.__dict__)  # noqa: S102 - our own compiled package code
+
+
+def use(path: str) -> bool:
+    """Put the finder of the file at `path` first in sys.meta_path; False (and nothing changed)
+    when the file is missing, unreadable, or not this Python's."""
+    try:
+        with open(path, "rb") as f:
+            form, tag, modules = marshal.loads(f.read())
+    except Exception:  # noqa: BLE001 - missing, truncated, garbage: the ordinary import system works
+        return False
+    if form != FORMAT or tag != sys.implementation.cache_tag or not isinstance(modules, dict):
+        return False
+    sys.meta_path.insert(0, Finder(modules))
+    return True
+
+
+_LIST_SCRIPT = """
+import sys
+before = set(sys.modules)
+sys.path.insert(0, sys.argv[1])
+for root in sys.argv[2:]:
+    __import__(root)
+for name, module in sorted(sys.modules.items()):
+    origin = getattr(getattr(module, "__spec__", None), "origin", None)
+    if name not in before and isinstance(origin, str) and origin.endswith(".py"):
+        print(name, int(hasattr(module, "__path__")), origin)
+"""
+
+
+def hot_modules(packages: str, roots: tuple[str, ...] = ROOTS) -> list[tuple[str, bool, str]]:
+    """(name, is_package, source) of every pure-Python module importing `roots` loads, as a
+    launcher's interpreter (-IS, a fresh process) loads them."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-IS", "-c", _LIST_SCRIPT, packages, *roots], check=True,
+                         capture_output=True, text=True).stdout
+    found = []
+    for line in out.splitlines():
+        name, is_package, origin = line.split(" ", 2)
+        found.append((name, is_package == "1", origin))
+    return found
+
+
+def build(packages: str, dest: str | None = None) -> int:
+    """Write the file for the package installed in `packages`; returns how many modules it holds."""
+    from rdma_netns import fsutil
+
+    modules = {}
+    for name, is_package, origin in hot_modules(packages):
+        st = os.stat(origin)
+        with open(origin, "rb") as f:
+            code = compile(f.read(), origin, "exec", dont_inherit=True)
+        modules[name] = (is_package, origin, st.st_size, st.st_mtime_ns, marshal.dumps(code))
+    dest = dest or path_for(packages)
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    fsutil.write_atomic(dest, marshal.dumps((FORMAT, sys.implementation.cache_tag, modules)), 0o644)
+    return len(modules)

@@ -1,0 +1,76 @@
+"""The hot path's code cache (codecache.py): modules come from it while their sources are
+unchanged, the ordinary way once a source changes, and a broken or foreign file changes nothing."""
+
+from __future__ import annotations
+
+import marshal
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import rdma_netns
+from rdma_netns import codecache
+
+INSTALLED = Path(rdma_netns.__file__).resolve().parent
+
+PROBE = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from rdma_netns import codecache
+used = codecache.use(sys.argv[2])
+import rdma_netns.entry, rdma_netns.commands.add, rdma_netns.spec.versions as v
+kind = lambda name: type(sys.modules[name].__spec__.loader).__name__
+print(used, kind("rdma_netns.entry"), kind("rdma_netns.commands.add"), kind("rdma_netns.spec.versions"),
+      getattr(v, "MARK", "-"), sys.modules["rdma_netns.entry"].__file__)
+"""
+
+
+def copy_package(tmp_path: Path) -> Path:
+    packages = tmp_path / "site"
+    shutil.copytree(INSTALLED, packages / "rdma_netns", ignore=shutil.ignore_patterns("__pycache__"))
+    return packages
+
+
+def probe(packages: Path, cache: Path) -> list[str]:
+    out = subprocess.run([sys.executable, "-IS", "-c", PROBE, str(packages), str(cache)], check=True,
+                         capture_output=True, text=True).stdout
+    return out.split()
+
+
+def test_hot_modules_come_from_the_cache(tmp_path):
+    packages = copy_package(tmp_path)
+    count = codecache.build(str(packages))
+    cache = Path(codecache.path_for(str(packages)))
+    assert count > 30 and cache.stat().st_mode & 0o777 == 0o644
+    used, entry, add, versions, mark, entry_file = probe(packages, cache)
+    assert (used, entry, add, versions, mark) == ("True", "Finder", "Finder", "Finder", "-")
+    assert entry_file == str(packages / "rdma_netns" / "entry.py")  # tracebacks name the real source
+
+
+def test_a_changed_source_is_imported_the_ordinary_way(tmp_path):
+    packages = copy_package(tmp_path)
+    codecache.build(str(packages))
+    with open(packages / "rdma_netns" / "spec" / "versions.py", "a") as f:
+        f.write("\nMARK = 'fresh'\n")  # an upgrade in place, no new launcher
+    used, entry, _add, versions, mark, _ = probe(packages, Path(codecache.path_for(str(packages))))
+    assert (used, entry, versions, mark) == ("True", "Finder", "SourceFileLoader", "fresh")
+
+
+def test_a_broken_or_foreign_cache_changes_nothing(tmp_path):
+    packages = copy_package(tmp_path)
+    cache = tmp_path / "c.bundle"
+    for content in (b"garbage", marshal.dumps((codecache.FORMAT, "cpython-00", {})), b""):
+        cache.write_bytes(content)
+        assert probe(packages, cache)[:4] == ["False", "SourceFileLoader", "SourceFileLoader", "SourceFileLoader"]
+    assert probe(packages, tmp_path / "absent")[0] == "False"
+
+
+def test_install_launcher_writes_the_cache_and_the_launcher_uses_it(tmp_path):
+    from rdma_netns.admin import launcher
+
+    dest = tmp_path / "rdma-netns"
+    assert launcher.install(str(dest)) is None
+    text = dest.read_text()
+    assert f"codecache.use({codecache.path_for(launcher.packages_folder())!r})" in text
+    assert Path(codecache.path_for(launcher.packages_folder())).is_file()
