@@ -289,7 +289,10 @@ class AttachmentState:
     """One attachment's record, as ADD writes it before its first change.
 
     rails: one dict per rail (Rail.to_state() plus the mode's prepare() facts and what ADD
-    learns: ipamStarted, addresses, gidIndexes; rdmaOnly for an RDMA-device-only rail).
+    learns: ipamStarted, addresses, gidIndexes; rdmaOnly for an RDMA-device-only rail; ipamHolder
+    for rails that share one IPAM call, ipam.hold_shared: an additive key, and an older reader's
+    per-rail DEL under the holder's name still releases all of them, host-local keying leases by
+    container and interface name).
     published: what ADD publishes for the pod's containers (pod_cdi.py), so that DEL removes it from
     the state alone (an additive field: older readers keep it in `extra`).
     Unknown top-level fields of a newer writer are kept in `extra` and written back unchanged.

@@ -65,6 +65,7 @@ def cmd_add(env: CniEnv, cfg: loader.Config, grant: Grant | None = None) -> dict
                     if any(rail.range_rule for rail in plan):
                         _node_ranges(mode, host_sock, plan, parents)
                     rail_states = [r.to_state() | mode.prepare(r, p) for r, p in zip(plan, parents)]
+                    ipam.hold_shared(rail_states)
                 else:  # chained after the plugin that made the pod interface: its result goes on
                     prev = versions.format_result(cfg.prev_result, versions.LATEST)
                     rail_states = mode.chained_rails(env.ifname, prev, net, cfg.runtime.device_id, granted_ids)
@@ -188,7 +189,8 @@ def _add_rails(env: CniEnv, cfg: loader.Config, mode: modes.Mode, plan: list[rai
             faults.point(f"attached-{i}")
         _load_after_ipam()
 
-    outcomes = ipam.invoke_many("ADD", [ipam.Request(rail.ipam, rail.ifname) for rail in plan], network=net.name,
+    requests = ipam.recorded(state.rails)  # rails alike share one host-local call (ipam.hold_shared)
+    outcomes = ipam.invoke_many("ADD", requests, ipam.plan_calls(requests, share=False), network=net.name,
                                 cni_version=cfg.cni_version, container_id=env.container_id, netns=env.netns,
                                 cni_path=env.path, timeout=net.ipam_timeout, extra=extra,
                                 spawned_hook=while_ipam_runs)

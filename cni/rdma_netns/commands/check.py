@@ -50,10 +50,12 @@ def cmd_check(env: CniEnv, cfg: loader.Config) -> None:
         _check_gids(gids, pod_fd if mode.gids_in_pod else None)
     finally:
         os.close(pod_fd)
-    for rail in (r for r in state.rails if r.get("ipam")):
-        ipam.invoke("CHECK", ipam=rail["ipam"], network=net.name, cni_version=cfg.cni_version,
-                    container_id=env.container_id, netns=env.netns, ifname=rail["ifname"], cni_path=env.path,
-                    timeout=net.ipam_timeout)
+    requests = ipam.recorded([r for r in state.rails if r.get("ipam")])  # one CHECK per call ADD made
+    for outcome in ipam.invoke_many("CHECK", requests, ipam.plan_calls(requests, share=False), network=net.name,
+                                    cni_version=cfg.cni_version, container_id=env.container_id, netns=env.netns,
+                                    cni_path=env.path, timeout=net.ipam_timeout):
+        if isinstance(outcome, CniError):
+            raise outcome
 
 
 def _check_rail(pod_sock: NetlinkSocket, mode: modes.Mode, rail: dict, result: dict,

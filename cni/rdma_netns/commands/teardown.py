@@ -123,14 +123,17 @@ def teardown(state: AttachmentState, env: CniEnv, cfg: loader.Config, rolling_ba
     owed = [rail for rail in state.rails
             if isinstance(rail.get("ipam"), dict) and not (rolling_back and not rail.get("ipamStarted"))]
     # Every rail's IPAM DEL at once (as ADD's), one time limit for all.
-    outcomes = ipam.invoke_many("DEL", [ipam.Request(rail["ipam"], rail["ifname"]) for rail in owed],
+    requests = ipam.recorded(owed)  # a shared call's rails are released by one DEL, as ADD made them
+    outcomes = ipam.invoke_many("DEL", requests, ipam.plan_calls(requests, share=False),
                                 network=state.network or net.name, cni_version=cfg.cni_version,
                                 container_id=state.container_id or env.container_id,
                                 netns=state.netns or env.netns, cni_path=env.path,
                                 timeout=net.ipam_timeout) if owed else []
+    reported: set[int] = set()
     for rail, outcome in zip(owed, outcomes):
-        if not isinstance(outcome, CniError):
-            continue
+        if not isinstance(outcome, CniError) or id(outcome) in reported:
+            continue  # a shared call's failure is one failure, said once
+        reported.add(id(outcome))
         if rolling_back and rail.get("ipamRefused"):
             log(f"IPAM DEL after a refused IPAM ADD failed too (ignored): {outcome.msg}")
             continue
