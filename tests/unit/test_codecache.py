@@ -57,13 +57,37 @@ def test_a_changed_source_is_imported_the_ordinary_way(tmp_path):
     assert (used, entry, versions, mark) == ("True", "Finder", "SourceFileLoader", "fresh")
 
 
+def _framed(index: object) -> bytes:
+    data = marshal.dumps(index)
+    return len(data).to_bytes(codecache.HEAD, "big") + data
+
+
 def test_a_broken_or_foreign_cache_changes_nothing(tmp_path):
     packages = copy_package(tmp_path)
     cache = tmp_path / "c.bundle"
-    for content in (b"garbage", marshal.dumps((codecache.FORMAT, "cpython-00", {})), b""):
+    for content in (b"garbage", _framed((codecache.FORMAT, "cpython-00", {})), _framed((1, "x", {})), b"",
+                    (10**9).to_bytes(codecache.HEAD, "big")):
         cache.write_bytes(content)
         assert probe(packages, cache)[:4] == ["False", "SourceFileLoader", "SourceFileLoader", "SourceFileLoader"]
     assert probe(packages, tmp_path / "absent")[0] == "False"
+
+
+def test_a_cache_cut_short_serves_what_it_still_has_and_no_more(tmp_path):
+    packages = copy_package(tmp_path)
+    codecache.build(str(packages))
+    cache = Path(codecache.path_for(str(packages)))
+    data = cache.read_bytes()
+    cache.write_bytes(data[:len(data) // 2])  # a disk full while it was written, say
+    used, entry, add, versions, _mark, _ = probe(packages, cache)
+    assert used == "True" and "SourceFileLoader" in (entry, add, versions)  # the tail: the ordinary way
+
+
+def test_only_the_index_is_read_up_front(tmp_path):
+    packages = copy_package(tmp_path)
+    codecache.build(str(packages))
+    cache = Path(codecache.path_for(str(packages)))
+    length = int.from_bytes(cache.read_bytes()[:codecache.HEAD], "big")
+    assert codecache.HEAD + length <= codecache.FIRST_READ < cache.stat().st_size // 4
 
 
 def test_install_launcher_writes_the_cache_and_the_launcher_uses_it(tmp_path):
