@@ -4,6 +4,7 @@ unchanged, the ordinary way once a source changes, and a broken or foreign file 
 from __future__ import annotations
 
 import marshal
+import re
 import shutil
 import subprocess
 import sys
@@ -98,3 +99,17 @@ def test_install_launcher_writes_the_cache_and_the_launcher_uses_it(tmp_path):
     text = dest.read_text()
     assert f"codecache.use({codecache.path_for(launcher.packages_folder())!r})" in text
     assert Path(codecache.path_for(launcher.packages_folder())).is_file()
+
+
+def test_the_cached_code_has_no_docstrings_and_the_hot_path_needs_none(tmp_path):
+    packages = copy_package(tmp_path)
+    codecache.build(str(packages))
+    script = PROBE.replace("print(", "print(rdma_netns.entry.main.__doc__, ")
+    out = subprocess.run([sys.executable, "-IS", "-c", script, str(packages), codecache.path_for(str(packages))],
+                         check=True, capture_output=True, text=True).stdout.split()
+    assert out[:2] == ["None", "True"]
+    ours = [origin for name, _pkg, origin in codecache.hot_modules(str(packages)) if name.startswith("rdma_netns")]
+    assert len(ours) > 30
+    for origin in ours:  # optimize=2 drops them: nothing on the hot path may rely on asserts or docstrings
+        text = Path(origin).read_text()
+        assert not re.search(r"^\s*assert\b", text, re.M) and "__doc__" not in text, origin
