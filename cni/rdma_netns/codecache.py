@@ -21,7 +21,7 @@ that pairs a pod out reads a fifth of the file, where reading and unmarshalling 
 """
 
 import marshal
-import os
+import posix  # not os: its import costs ~1 ms of a cold interpreter, and the grants question leaves first
 import sys
 
 FORMAT = 2
@@ -56,7 +56,7 @@ class Finder:
             return None
         is_package, origin, size, mtime_ns = entry[:4]
         try:
-            st = os.stat(origin)
+            st = posix.stat(origin)
         except OSError:
             st = None
         if st is None or st.st_size != size or st.st_mtime_ns != mtime_ns:
@@ -64,7 +64,7 @@ class Finder:
             return None
         offset, length = entry[4:]
         try:
-            blob = os.pread(self.fd, length, self.base + offset)
+            blob = posix.pread(self.fd, length, self.base + offset)
             code = marshal.loads(blob) if len(blob) == length else None
         except (OSError, ValueError, EOFError, TypeError):
             code = None
@@ -75,7 +75,7 @@ class Finder:
         spec = _ModuleSpec(name, self, origin=origin, is_package=is_package)
         spec.has_location = True  # __file__ = origin, as the ordinary loader sets it
         if is_package:
-            spec.submodule_search_locations = [os.path.dirname(origin)]  # its other modules, found as usual
+            spec.submodule_search_locations = [origin.rpartition("/")[0]]  # its other modules, found as usual
         return spec
 
     def create_module(self, spec: object) -> None:
@@ -91,20 +91,20 @@ def use(path: str) -> bool:
     """Put the finder of the file at `path` first in sys.meta_path; False (and nothing changed)
     when the file is missing, unreadable, or not this Python's."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = posix.open(path, posix.O_RDONLY | posix.O_CLOEXEC)
     except OSError:
         return False
     try:
-        data = os.read(fd, FIRST_READ)
+        data = posix.read(fd, FIRST_READ)
         length = int.from_bytes(data[:HEAD], "big")
         if len(data) < HEAD + length:
-            data += os.read(fd, HEAD + length - len(data))
+            data += posix.read(fd, HEAD + length - len(data))
         form, tag, modules = marshal.loads(data[HEAD:HEAD + length])
     except Exception:  # noqa: BLE001 - truncated, garbage: the ordinary import system works
-        os.close(fd)
+        posix.close(fd)
         return False
     if form != FORMAT or tag != sys.implementation.cache_tag or not isinstance(modules, dict):
-        os.close(fd)
+        posix.close(fd)
         return False
     sys.meta_path.insert(0, Finder(fd, HEAD + length, modules))  # fd: open for the call's lifetime
     return True
@@ -139,6 +139,8 @@ def hot_modules(packages: str, roots: tuple[str, ...] = ROOTS) -> list[tuple[str
 
 def build(packages: str, dest: str | None = None) -> int:
     """Write the file for the package installed in `packages`; returns how many modules it holds."""
+    import os
+
     from rdma_netns import fsutil
 
     modules = {}

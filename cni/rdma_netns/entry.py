@@ -1,29 +1,32 @@
 """The `rdma-netns` executable: a CNI plugin when CNI_COMMAND is set, the admin CLI otherwise.
 
 Start-up time is part of every pod event, so this module imports only the standard library
-pieces every command needs; each command pulls in its own code lazily.
+pieces every command needs; each command pulls in its own code lazily. Not even os: its import
+costs ~1 ms of a cold interpreter, and an ADD's grants question (grants_early.py) leaves before it,
+so that the broker works while os and the rest load.
 """
 
 from __future__ import annotations
 
-import os
+import posix
 import sys
 from time import monotonic
 
 from rdma_netns import grants_early, jsonio
-from rdma_netns.spec.env import CniEnv, read_env
+from rdma_netns.spec.env import CniEnv, process_environ, read_env
 from rdma_netns.spec.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, CniError
 
 INTERNAL_ERROR = 999
 
 
 def main(argv: list[str] | None = None) -> int:
-    if "CNI_COMMAND" in os.environ and not (argv or sys.argv[1:]):
-        code = run_cni()
+    environ = process_environ()
+    if "CNI_COMMAND" in environ and not (argv or sys.argv[1:]):
+        code = run_cni(environ)
         # The invocation is complete (output flushed, files closed): skip the interpreter's
         # module-by-module teardown, a few milliseconds of every pod event.
         sys.stderr.flush()
-        os._exit(code)
+        posix._exit(code)
     from rdma_netns.admin.cli import main as admin_main
 
     return admin_main(argv)
@@ -38,7 +41,8 @@ def run_cni(environ: dict[str, str] | None = None, stdin: bytes | None = None) -
     """One CNI invocation: result or error JSON on stdout, exit code 0 or 1; then one event to
     the device-plugin daemon's metrics (events.py), which never delays or fails the call."""
     started = monotonic()
-    outcome = {"cmd": (environ if environ is not None else os.environ).get("CNI_COMMAND", ""), "code": 0,
+    environ = process_environ() if environ is None else environ
+    outcome = {"cmd": environ.get("CNI_COMMAND", ""), "code": 0,
                "net": "", "fifo": None}  # None: events.DEFAULT_PATH
     try:
         outcome["code"] = code = _run_cni(environ, stdin, outcome)

@@ -177,6 +177,7 @@ def raw_config(broker: str, **extra) -> dict:
 
 POD_ARGS = {"K8S_POD_NAMESPACE": "team-a", "K8S_POD_NAME": "trainer", "K8S_POD_UID": "uid-1"}
 GRANTED = b'{"v": 1, "found": true, "deviceIDs": ["hca-0001"], "via": "Get"}\n'
+NOT_GRANTED = b'{"v": 1, "found": true, "deviceIDs": [], "via": "Get"}\n'
 
 
 def validated(broker: str, **extra) -> NetConfig:
@@ -253,3 +254,42 @@ def test_a_refused_config_drops_the_early_question(broker_with, tmp_path):
     while not b.requests and time.monotonic() < deadline:
         time.sleep(0.01)
     assert len(b.requests) == 1
+
+
+FRESH_PROBE = """
+import sys
+at_connect = []
+sys.addaudithook(lambda event, args: at_connect.append(sorted(m for m in ("os", "posixpath", "_collections_abc")
+                                                              if m in sys.modules))
+                 if event == "socket.connect" else None)
+sys.path.insert(0, sys.argv[1])
+from rdma_netns import entry
+env = dict(zip(sys.argv[2::2], sys.argv[3::2]))
+rc = entry.run_cni(env, sys.stdin.buffer.read())
+sys.stderr.write("AT_CONNECT %r RC %d\\n" % (at_connect[:1], rc))
+"""
+
+
+def test_the_grants_question_leaves_before_os_is_imported(broker_with, tmp_path):
+    """A fresh interpreter, as the launcher runs it (-IS): the question is on its way before the
+    ~1 ms import of os, so the broker works meanwhile; the call then completes as usual."""
+    import subprocess
+    import sys as _sys
+
+    import rdma_netns
+
+    b = broker_with(lambda _: NOT_GRANTED)
+    conf = raw_config(b.path, stateDir=str(tmp_path / "state"), eventsFifo="", mode="shared",
+                      prevResult={"cniVersion": "1.0.0", "interfaces": [{"name": "eth0", "sandbox": "/x"}],
+                                  "ips": [{"address": "10.0.0.2/24", "interface": 0}]},
+                      rails=[{"netdev": "eth9", "ipam": {"type": "host-local"}}])
+    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": "/var/run/netns/none",
+           "CNI_IFNAME": "eth0", "CNI_PATH": "/usr/lib/cni",
+           "CNI_ARGS": "K8S_POD_NAMESPACE=team-a;K8S_POD_NAME=web;K8S_POD_UID=uid-1"}
+    packages = os.path.dirname(os.path.dirname(rdma_netns.__file__))
+    proc = subprocess.run([_sys.executable, "-IS", "-c", FRESH_PROBE, packages,
+                           *[item for pair in env.items() for item in pair]],
+                          input=json.dumps(conf).encode(), capture_output=True, timeout=60)
+    report = [line for line in proc.stderr.decode().splitlines() if line.startswith("AT_CONNECT")]
+    assert report == ["AT_CONNECT [[]] RC 0"], proc.stderr.decode() + proc.stdout.decode()
+    assert json.loads(proc.stdout)["ips"][0]["address"] == "10.0.0.2/24" and len(b.requests) == 1

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rdma_netns.spec import versions
-from rdma_netns.spec.env import parse_cni_args, read_env, valid_container_id, valid_ifname
+from rdma_netns.spec.env import is_normalised, parse_cni_args, read_env, valid_container_id, valid_ifname
 from rdma_netns.spec.errors import CniError
 
 BASE = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "abc", "CNI_NETNS": "/var/run/netns/x", "CNI_IFNAME": "eth0",
@@ -82,3 +84,14 @@ def test_versions_parse_and_compare():
 def test_error_json():
     err = CniError(7, "bad", "details here")
     assert err.to_json_dict("1.0.0") == {"cniVersion": "1.0.0", "code": 7, "msg": "bad", "details": "details here"}
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.lists(st.sampled_from(["", ".", "..", "a", "b.c", "...", "net ns"]), max_size=6), st.integers(1, 3),
+       st.booleans())
+def test_netns_path_normalisation_is_posixpaths(parts, leading, trailing):
+    """is_normalised (no posixpath on the hot path: it imports os) agrees with normpath(p) == p."""
+    import posixpath
+
+    path = "/" * leading + "/".join(parts) + ("/" if trailing else "")
+    assert is_normalised(path) == (posixpath.normpath(path) == path), path

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import sys
 
 from rdma_netns.spec.errors import INVALID_ENV, CniError
 
@@ -49,8 +49,22 @@ def parse_cni_args(raw: str) -> dict[str, str]:
     return out
 
 
+def process_environ() -> dict[str, str]:
+    """The process's environment as os.environ has it, without importing os when nothing has:
+    `import os` costs ~1 ms of a cold interpreter (_collections_abc), and the grants question
+    (grants_early.py) leaves before it. Decoded as os.environ decodes (the filesystem encoding,
+    surrogateescape). Once os is loaded its live mapping is used (it sees later changes)."""
+    os_module = sys.modules.get("os")
+    if os_module is not None:
+        return os_module.environ  # type: ignore[no-any-return]
+    from posix import environ
+
+    encoding, errors = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
+    return {k.decode(encoding, errors): v.decode(encoding, errors) for k, v in environ.items()}
+
+
 def read_env(environ: dict[str, str] | None = None) -> CniEnv:
-    environ = os.environ if environ is None else environ
+    environ = process_environ() if environ is None else environ
     command = environ.get("CNI_COMMAND", "")
     if command not in COMMANDS:
         raise CniError(INVALID_ENV, f"unknown CNI_COMMAND {command!r}", f"expected one of {', '.join(COMMANDS)}")
@@ -78,6 +92,14 @@ def read_env(environ: dict[str, str] | None = None) -> CniEnv:
 
 def validate_netns_path(path: str) -> None:
     """A netns path must be absolute and normalised; whether it *is* a netns is checked on open."""
-    if not path.startswith("/") or "\0" in path or os.path.normpath(path) != path or len(path) > 4096:
+    if not path.startswith("/") or "\0" in path or not is_normalised(path) or len(path) > 4096:
         raise CniError(INVALID_ENV, f"invalid CNI_NETNS path {path[:200]!r}")
+
+
+def is_normalised(path: str) -> bool:
+    """posixpath.normpath(path) == path for an absolute path, without posixpath (it imports os):
+    no empty, "." or ".." component and no trailing slash; POSIX keeps exactly two leading
+    slashes as they are, as normpath does."""
+    body = path[2:] if path.startswith("//") and not path.startswith("///") else path[1:]
+    return not body or all(part not in ("", ".", "..") for part in body.split("/"))
 
