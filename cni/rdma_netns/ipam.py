@@ -92,7 +92,7 @@ def plan_calls(requests: list[Request], *, share: bool) -> list[Call]:
         if len(members) > 1 and share and not _disjoint([requests[n].ipam["ranges"] for n in members]):
             calls.extend(_single(requests, n) for n in members)  # host-local would refuse the overlap
         elif len(members) > 1:
-            calls.append(_shared(requests, members, share))
+            calls.append(_shared(requests, members))
         else:
             calls.append(_single(requests, members[0]))
     calls.sort(key=lambda call: call.members[0])
@@ -120,7 +120,7 @@ def _single(requests: list[Request], n: int) -> Call:
     return Call(req.ipam, req.holder or req.ifname, [n], [len(req.ipam.get("ranges") or ())], [req.ifname])
 
 
-def _shared(requests: list[Request], members: list[int], share: bool) -> Call:
+def _shared(requests: list[Request], members: list[int]) -> Call:
     first = requests[members[0]]
     ranges: list = []
     sizes: list[int] = []
@@ -129,8 +129,7 @@ def _shared(requests: list[Request], members: list[int], share: bool) -> Call:
         ranges.extend(own)
         sizes.append(len(own))
     conf = dict(first.ipam, ranges=ranges)
-    return Call(conf, first.ifname if share else (first.holder or first.ifname), members, sizes,
-                [requests[n].ifname for n in members])
+    return Call(conf, first.holder or first.ifname, members, sizes, [requests[n].ifname for n in members])
 
 
 def _sharing_key(conf: dict) -> str | None:
@@ -183,20 +182,20 @@ def invoke(command: str, *, ipam: dict, network: str, cni_version: str, containe
 
     STATUS and GC exist only in spec 1.1 and are sent as 1.1.0 (callers check speaks_1_1).
     """
-    request = Request(ipam, ifname)
-    (outcome,) = invoke_many(command, [request], plan_calls([request], share=False), network=network,
-                             cni_version=cni_version, container_id=container_id, netns=netns, cni_path=cni_path,
-                             timeout=timeout, extra=extra)
+    (outcome,) = invoke_many(command, [Request(ipam, ifname)], network=network, cni_version=cni_version,
+                             container_id=container_id, netns=netns, cni_path=cni_path, timeout=timeout,
+                             extra=extra)
     if isinstance(outcome, CniError):
         raise outcome
     return outcome
 
 
-def invoke_many(command: str, requests: list[Request], calls: list[Call], *, network: str, cni_version: str,
-                container_id: str, netns: str, cni_path: list[str], timeout: float, extra: dict | None = None,
+def invoke_many(command: str, requests: list[Request], *, network: str, cni_version: str, container_id: str,
+                netns: str, cni_path: list[str], timeout: float, extra: dict | None = None,
                 spawned_hook=None) -> list[dict | None | CniError]:
-    """Run `calls` (plan_calls of `requests`) at once (the plugins are separate processes; each
-    keeps its own lock and store) with one time limit for all. One outcome per request, in order:
+    """Run the requests' calls (plan_calls as their holders say: rails of one holder share its
+    call) at once (the plugins are separate processes; each keeps its own lock and store) with
+    one time limit for all. One outcome per request, in order:
     its own part of the parsed result for ADD (None for other commands), or the CniError
     (IpamRefused when the plugin answered with a CNI error) its call ended with. Never raises for
     a plugin's failure."""
@@ -204,7 +203,7 @@ def invoke_many(command: str, requests: list[Request], calls: list[Call], *, net
     outcomes: list[dict | None | CniError] = [None] * len(requests)
     spawns: list[tuple[str, bytes, dict[str, str]]] = []
     started: list[Call] = []
-    for call in calls:
+    for call in plan_calls(requests, share=False):
         try:
             plugin = find_plugin(call.ipam["type"], cni_path)
         except CniError as exc:

@@ -106,7 +106,9 @@ def real(tmp_path):
 
 
 def _run(command: str, reqs: list[ipam.Request], calls: list[ipam.Call], container: str = "c1") -> list:
-    return ipam.invoke_many(command, reqs, calls, network="rails", cni_version="1.0.0", container_id=container,
+    """`calls`: what plan_calls makes of `reqs`, which invoke_many runs (the tests check it first)."""
+    assert [c.members for c in calls] == [c.members for c in ipam.plan_calls(reqs, share=False)]
+    return ipam.invoke_many(command, reqs, network="rails", cni_version="1.0.0", container_id=container,
                             netns="/proc/self/ns/net", cni_path=[HOST_LOCAL_DIR], timeout=10)
 
 

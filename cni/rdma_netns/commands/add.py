@@ -190,7 +190,7 @@ def _add_rails(env: CniEnv, cfg: loader.Config, mode: modes.Mode, plan: list[rai
         _load_after_ipam()
 
     requests = ipam.recorded(state.rails)  # rails alike share one host-local call (ipam.hold_shared)
-    outcomes = ipam.invoke_many("ADD", requests, ipam.plan_calls(requests, share=False), network=net.name,
+    outcomes = ipam.invoke_many("ADD", requests, network=net.name,
                                 cni_version=cfg.cni_version, container_id=env.container_id, netns=env.netns,
                                 cni_path=env.path, timeout=net.ipam_timeout, extra=extra,
                                 spawned_hook=while_ipam_runs)

@@ -51,7 +51,7 @@ def cmd_check(env: CniEnv, cfg: loader.Config) -> None:
     finally:
         os.close(pod_fd)
     requests = ipam.recorded([r for r in state.rails if r.get("ipam")])  # one CHECK per call ADD made
-    for outcome in ipam.invoke_many("CHECK", requests, ipam.plan_calls(requests, share=False), network=net.name,
+    for outcome in ipam.invoke_many("CHECK", requests, network=net.name,
                                     cni_version=cfg.cni_version, container_id=env.container_id, netns=env.netns,
                                     cni_path=env.path, timeout=net.ipam_timeout):
         if isinstance(outcome, CniError):

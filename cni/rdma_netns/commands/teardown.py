@@ -124,8 +124,7 @@ def teardown(state: AttachmentState, env: CniEnv, cfg: loader.Config, rolling_ba
             if isinstance(rail.get("ipam"), dict) and not (rolling_back and not rail.get("ipamStarted"))]
     # Every rail's IPAM DEL at once (as ADD's), one time limit for all.
     requests = ipam.recorded(owed)  # a shared call's rails are released by one DEL, as ADD made them
-    outcomes = ipam.invoke_many("DEL", requests, ipam.plan_calls(requests, share=False),
-                                network=state.network or net.name, cni_version=cfg.cni_version,
+    outcomes = ipam.invoke_many("DEL", requests, network=state.network or net.name, cni_version=cfg.cni_version,
                                 container_id=state.container_id or env.container_id,
                                 netns=state.netns or env.netns, cni_path=env.path,
                                 timeout=net.ipam_timeout) if owed else []
