@@ -57,10 +57,15 @@ def process_environ() -> dict[str, str]:
     os_module = sys.modules.get("os")
     if os_module is not None:
         return os_module.environ  # type: ignore[no-any-return]
-    from posix import environ
+    if not _decoded:
+        from posix import environ
 
-    encoding, errors = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
-    return {k.decode(encoding, errors): v.decode(encoding, errors) for k, v in environ.items()}
+        encoding, errors = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
+        _decoded.update((k.decode(encoding, errors), v.decode(encoding, errors)) for k, v in environ.items())
+    return _decoded
+
+
+_decoded: dict[str, str] = {}  # process_environ's, decoded once (nothing changes it while os is not loaded)
 
 
 def read_env(environ: dict[str, str] | None = None) -> CniEnv:
