@@ -12,9 +12,10 @@ route the same destinations.
 
 from __future__ import annotations
 
-import os
+import posix
 from _socket import AF_INET, AF_INET6
 
+from rdma_netns import paths
 from rdma_netns.kernel import neigh_announce, rtnl, sysctl
 from rdma_netns.kernel.inet import Prefix
 from rdma_netns.kernel.netlink import NetlinkSocket, is_missing
@@ -56,7 +57,7 @@ def prepare_sysctls(ifname: str, needs_ipv6: bool, link_local: bool = False) -> 
     use the pod's own address; so addr_gen_mode 1 ("none"), set before the link goes up, unless
     the config says "linkLocal": true. Set for IPv4-only rails too, whose IPv6 is often on.
     """
-    has_ipv6 = os.path.isdir(f"/proc/sys/net/ipv6/conf/{ifname}")
+    has_ipv6 = paths.isdir(f"/proc/sys/net/ipv6/conf/{ifname}")
     if has_ipv6 and not link_local:
         sysctl.set_ipv6_conf(ifname, "addr_gen_mode", "1")
     if not needs_ipv6:

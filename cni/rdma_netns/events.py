@@ -19,7 +19,7 @@ of the call's own code to its answer (the interpreter's start-up, a few ms, is n
 
 from __future__ import annotations
 
-import os
+import posix
 
 from rdma_netns import jsonio
 from rdma_netns.config.defaults import DEFAULT_EVENTS_FIFO as DEFAULT_PATH
@@ -51,13 +51,13 @@ def send(path: str, command: str, code: int, seconds: float, network: str) -> No
         line = (jsonio.dumps(event) + "\n").encode()
         if len(line) > PIPE_BUF:
             return
-        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
+        fd = posix.open(path, posix.O_WRONLY | posix.O_NONBLOCK | posix.O_CLOEXEC | posix.O_NOFOLLOW)
     except (OSError, ValueError, TypeError):
         return  # no daemon reading, no FIFO, a path too long: the call itself is what matters
     try:
-        if os.fstat(fd).st_mode & _FILE_TYPE == _FIFO:
-            os.write(fd, line)
+        if posix.fstat(fd).st_mode & _FILE_TYPE == _FIFO:
+            posix.write(fd, line)
     except OSError:
         pass  # EAGAIN: the daemon is behind; this event is dropped
     finally:
-        os.close(fd)
+        posix.close(fd)

@@ -1,13 +1,13 @@
 """Run another CNI plugin binary: stdin in, stdout and stderr out, with a time limit.
 
-Built on os.posix_spawn and select.poll rather than subprocess, whose import (with its
+Built on posix.posix_spawn and select.poll rather than subprocess, whose import (with its
 signal, selectors and threading helpers) costs milliseconds on every pod event. run_many starts
 several at once (a pod's rails' IPAM delegates) and waits for all in one poll loop.
 """
 
 from __future__ import annotations
 
-import os
+import posix
 import select
 import time
 
@@ -37,18 +37,19 @@ class _Child:
     __slots__ = ("path", "pid", "stdin", "pending", "out", "err", "chunks", "status")
 
     def __init__(self, path: str, stdin: bytes, env: dict[str, str]) -> None:
-        in_r, in_w = os.pipe2(os.O_CLOEXEC)
-        out_r, out_w = os.pipe2(os.O_CLOEXEC)
-        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        in_r, in_w = posix.pipe2(posix.O_CLOEXEC)
+        out_r, out_w = posix.pipe2(posix.O_CLOEXEC)
+        err_r, err_w = posix.pipe2(posix.O_CLOEXEC)
         try:
-            self.pid = os.posix_spawn(path, [path], env, file_actions=[
-                (os.POSIX_SPAWN_DUP2, in_r, 0), (os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2)])
+            dup2 = posix.POSIX_SPAWN_DUP2
+            self.pid = posix.posix_spawn(path, [path], env, file_actions=[
+                (dup2, in_r, 0), (dup2, out_w, 1), (dup2, err_w, 2)])
         except BaseException:
             for fd in (in_r, in_w, out_r, out_w, err_r, err_w):
-                os.close(fd)
+                posix.close(fd)
             raise
         for fd in (in_r, out_w, err_w):
-            os.close(fd)
+            posix.close(fd)
         self.path, self.stdin, self.out, self.err = path, in_w, out_r, err_r
         self.pending = memoryview(stdin)
         self.chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
@@ -81,7 +82,7 @@ def run_many(calls: list[tuple[str, bytes, dict[str, str]]], timeout: float,
             children[child.stdin] = (n, child)
             poller.register(child.stdin, select.POLLOUT)
         else:
-            os.close(child.stdin)
+            posix.close(child.stdin)
     writing = sum(1 for _n, child in spawned if child.stdin in children)
     if writing == 0 and spawned_hook is not None:
         spawned_hook()
@@ -94,7 +95,7 @@ def run_many(calls: list[tuple[str, bytes, dict[str, str]]], timeout: float,
                 n, child = children[fd]
                 if fd == child.stdin:
                     try:
-                        child.pending = child.pending[os.write(fd, child.pending[:65536]):]
+                        child.pending = child.pending[posix.write(fd, child.pending[:65536]):]
                     except BrokenPipeError:
                         child.pending = child.pending[:0]
                     if not child.pending:
@@ -103,7 +104,7 @@ def run_many(calls: list[tuple[str, bytes, dict[str, str]]], timeout: float,
                         if writing == 0 and spawned_hook is not None:
                             spawned_hook()
                     continue
-                data = os.read(fd, 65536)
+                data = posix.read(fd, 65536)
                 if data:
                     child.chunks[fd].append(data)
                 else:
@@ -114,20 +115,20 @@ def run_many(calls: list[tuple[str, bytes, dict[str, str]]], timeout: float,
         for n, child in spawned:
             if outcomes[n] is not None:
                 continue
-            done, status = os.waitpid(child.pid, os.WNOHANG)
+            done, status = posix.waitpid(child.pid, posix.WNOHANG)
             if done == 0 and time.monotonic() >= deadline:
-                os.kill(child.pid, 9)
-                os.waitpid(child.pid, 0)
+                posix.kill(child.pid, 9)
+                posix.waitpid(child.pid, 0)
                 outcomes[n] = TimedOut(child.path)
                 continue
             if done == 0:
-                _, status = os.waitpid(child.pid, 0)
-            outcomes[n] = Finished(os.waitstatus_to_exitcode(status), b"".join(child.chunks[child.out]),
+                _, status = posix.waitpid(child.pid, 0)
+            outcomes[n] = Finished(posix.waitstatus_to_exitcode(status), b"".join(child.chunks[child.out]),
                                    b"".join(child.chunks[child.err]))
     return outcomes  # type: ignore[return-value]
 
 
 def _close(poller: select.poll, children: dict, fd: int) -> None:
     poller.unregister(fd)
-    os.close(fd)
+    posix.close(fd)
     del children[fd]

@@ -11,11 +11,13 @@ point costs one dictionary lookup.
 
 from __future__ import annotations
 
-import os
+import posix
+
+from rdma_netns.spec.env import process_environ
 
 VARIABLE = "RDMA_NETNS_FAULT_AT"
 
 
 def point(name: str) -> None:
-    if os.environ.get(VARIABLE) == name:
-        os.kill(os.getpid(), 9)
+    if process_environ().get(VARIABLE) == name:
+        posix.kill(posix.getpid(), 9)

@@ -3,35 +3,35 @@
 from __future__ import annotations
 
 import errno
-import os
+import posix
 import stat
 
-from rdma_netns import jsonio
+from rdma_netns import jsonio, paths
 
 
 def ensure_private_dir(path: str) -> None:
     """Create `path` (and parents) 0700; refuse a symlink or a folder others can write."""
     try:
-        st = os.lstat(path)
+        st = posix.lstat(path)
     except FileNotFoundError:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        st = os.lstat(path)
+        paths.makedirs(path, mode=0o700)
+        st = posix.lstat(path)
     if not stat.S_ISDIR(st.st_mode):
         raise OSError(f"{path} is not a folder (a symlink or file is in the way)")
-    if st.st_uid != os.geteuid():
+    if st.st_uid != posix.geteuid():
         raise OSError(f"{path} belongs to uid {st.st_uid}, not to this process")
     if stat.S_IMODE(st.st_mode) != 0o700:
-        os.chmod(path, 0o700)
+        posix.chmod(path, 0o700)
 
 
 def read_json(path: str) -> object | None:
     """The JSON in `path`, or None when it is missing, a symlink or unreadable garbage."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = posix.open(path, posix.O_RDONLY | posix.O_NOFOLLOW | posix.O_CLOEXEC)
     except OSError:
         return None
     try:
-        with os.fdopen(fd, "rb") as f:
+        with open(fd, "rb") as f:
             return jsonio.loads(f.read())
     except (OSError, ValueError):
         return None
@@ -43,7 +43,7 @@ def write_json_atomic(path: str, value: object) -> None:
 
 
 def write_atomic(path: str, data: bytes, mode: int = 0o600, *, durable: bool = False,
-                 like: os.stat_result | None = None, tmp_path: str | None = None,
+                 like: posix.stat_result | None = None, tmp_path: str | None = None,
                  before_rename: object = None) -> None:
     """Write via a temporary file in the same folder and rename, so a reader sees the old or the
     new file, whole; the file gets `mode` (0600 unless it is meant to be read by others).
@@ -56,43 +56,43 @@ def write_atomic(path: str, data: bytes, mode: int = 0o600, *, durable: bool = F
     temporary file (one the runtime never loads); `before_rename()` may raise to abandon the write
     (a concurrent writer won).
     """
-    tmp = tmp_path or f"{path}.tmp.{os.getpid()}"
+    tmp = tmp_path or f"{path}.tmp.{posix.getpid()}"
     remove(tmp)  # left by a killed process that had our pid
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    fd = posix.open(tmp, posix.O_WRONLY | posix.O_CREAT | posix.O_EXCL | posix.O_NOFOLLOW | posix.O_CLOEXEC, 0o600)
     try:
-        with os.fdopen(fd, "wb") as f:
+        with open(fd, "wb") as f:
             if like is not None:
                 try:
-                    os.fchown(f.fileno(), like.st_uid, like.st_gid)
+                    posix.fchown(f.fileno(), like.st_uid, like.st_gid)
                 except PermissionError:
                     pass
-                os.fchmod(f.fileno(), like.st_mode & 0o7777)
+                posix.fchmod(f.fileno(), like.st_mode & 0o7777)
             elif mode != 0o600:
-                os.fchmod(f.fileno(), mode)  # O_CREAT's mode is filtered by the umask
+                posix.fchmod(f.fileno(), mode)  # O_CREAT's mode is filtered by the umask
             f.write(data)
             if durable:
                 f.flush()
-                os.fsync(f.fileno())
+                posix.fsync(f.fileno())
         if before_rename is not None:
             before_rename()  # type: ignore[operator]
-        os.rename(tmp, path)
+        posix.rename(tmp, path)
     except BaseException:
         try:
-            os.unlink(tmp)
+            posix.unlink(tmp)
         except OSError:
             pass
         raise
     if durable:
-        fsync_dir(os.path.dirname(path) or ".")
+        fsync_dir(paths.dirname(path) or ".")
 
 
 def fsync_dir(folder: str) -> None:
     """Make a rename in `folder` survive power loss."""
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    fd = posix.open(folder, posix.O_RDONLY | posix.O_DIRECTORY | posix.O_CLOEXEC)
     try:
-        os.fsync(fd)
+        posix.fsync(fd)
     finally:
-        os.close(fd)
+        posix.close(fd)
 
 
 def flock_polled(fd: int, deadline: float, max_delay: float) -> int | None:
@@ -111,10 +111,10 @@ def flock_polled(fd: int, deadline: float, max_delay: float) -> int | None:
             return failed
         except OSError as exc:
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                os.close(fd)
+                posix.close(fd)
                 raise
         if time.monotonic() >= deadline:
-            os.close(fd)
+            posix.close(fd)
             return None
         failed += 1
         time.sleep(delay)
@@ -123,6 +123,6 @@ def flock_polled(fd: int, deadline: float, max_delay: float) -> int | None:
 
 def remove(path: str) -> None:
     try:
-        os.unlink(path)
+        posix.unlink(path)
     except FileNotFoundError:
         pass

@@ -20,7 +20,7 @@ a caller that cannot get the lock in time goes on without it (saying so) instead
 
 from __future__ import annotations
 
-import os
+import posix
 import sys
 import time
 from _socket import AF_INET6
@@ -56,7 +56,7 @@ class Lockstep:
         start = time.monotonic()
         try:
             fsutil.ensure_private_dir(self.folder)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            fd = posix.open(self.path, posix.O_RDWR | posix.O_CREAT | posix.O_NOFOLLOW | posix.O_CLOEXEC, 0o600)
         except OSError as exc:
             _log(f"cannot open {self.path} ({exc.strerror or exc}): GID indexes may differ between rails")
             return self
@@ -70,7 +70,7 @@ class Lockstep:
 
     def __exit__(self, *exc: object) -> None:
         if self.fd >= 0:
-            os.close(self.fd)  # drops the flock (a forked child that shares it has exited by now)
+            posix.close(self.fd)  # drops the flock (a forked child that shares it has exited by now)
             self.fd = -1
 
 

@@ -11,12 +11,13 @@ interface name, so one container's rails hold separate allocations.
 
 from __future__ import annotations
 
-import os
+import posix
 
 from _socket import AF_INET, AF_INET6, inet_pton
 
-from rdma_netns import execplugin, jsonio
+from rdma_netns import execplugin, jsonio, paths
 from rdma_netns.spec import versions
+from rdma_netns.spec.env import process_environ
 from rdma_netns.spec.errors import IPAM_FAILED, CniError
 
 # ADD/DEL/CHECK results are the same in 1.0.0 and 1.1.0, so delegates are asked in at most
@@ -26,8 +27,8 @@ MAX_DELEGATE_VERSION = "1.0.0"
 
 def find_plugin(plugin_type: str, cni_path: list[str]) -> str:
     for folder in cni_path:
-        candidate = os.path.join(folder, plugin_type)
-        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+        candidate = paths.join(folder, plugin_type)
+        if paths.isfile(candidate) and posix.access(candidate, posix.X_OK):
             return candidate
     raise CniError(IPAM_FAILED, f"IPAM plugin {plugin_type!r} not found in CNI_PATH",
                    f"searched: {':'.join(cni_path) or '(CNI_PATH is empty)'}")
@@ -41,7 +42,8 @@ def speaks_1_1(ipam: dict, cni_path: list[str], timeout: float) -> bool:
     """Does this IPAM plugin implement spec 1.1 (STATUS, GC)? Asked with VERSION."""
     plugin = find_plugin(ipam["type"], cni_path)
     try:
-        proc = execplugin.run(plugin, b'{"cniVersion":"1.1.0"}', dict(os.environ, CNI_COMMAND="VERSION"), timeout)
+        env = dict(process_environ(), CNI_COMMAND="VERSION")
+        proc = execplugin.run(plugin, b'{"cniVersion":"1.1.0"}', env, timeout)
         return "1.1.0" in jsonio.loads(proc.stdout).get("supportedVersions", [])
     except (execplugin.TimedOut, OSError, ValueError, AttributeError):
         return False
@@ -213,7 +215,7 @@ def invoke_many(command: str, requests: list[Request], *, network: str, cni_vers
         conf: dict[str, object] = {"cniVersion": version, "name": network, "ipam": call.ipam}
         if extra:
             conf.update(extra)
-        env = dict(os.environ)
+        env = dict(process_environ())
         env.update(CNI_COMMAND=command, CNI_CONTAINERID=container_id, CNI_NETNS=netns, CNI_IFNAME=call.ifname,
                    CNI_PATH=":".join(cni_path))
         spawns.append((plugin, jsonio.dumps(conf).encode(), env))

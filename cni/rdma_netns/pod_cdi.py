@@ -21,16 +21,17 @@ rollback and GC remove them from the state alone.
 
 from __future__ import annotations
 
-import os
+import posix
 from stat import S_ISDIR
 
-from rdma_netns import fsutil, jsonio, pod_info
+from rdma_netns import fsutil, jsonio, paths, pod_info
+from rdma_netns.spec.env import process_environ
 
 CDI_VERSION = "0.5.0"
 SPEC_PREFIX = "rdma-netns-pod-"
 RDMA_CM = "rdma_cm"
 # Tests point this at a fake /dev (like RDMA_NETNS_SYSFS_ROOT for sysfs); a node never sets it.
-DEV_ROOT = os.environ.get("RDMA_NETNS_DEV_ROOT") or "/dev"
+DEV_ROOT = process_environ().get("RDMA_NETNS_DEV_ROOT") or "/dev"
 _UNIT_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.:-")
 
 
@@ -108,10 +109,10 @@ def mounted_file(spec: object) -> str | None:
 def _ensure_dir(path: str) -> None:
     """A world-readable folder (runtimes and container users read below it); no symlink."""
     try:
-        st = os.lstat(path)
+        st = posix.lstat(path)
     except FileNotFoundError:
-        os.makedirs(path, mode=0o755, exist_ok=True)
-        os.chmod(path, 0o755)  # makedirs' mode is filtered by the umask
+        paths.makedirs(path, mode=0o755)
+        posix.chmod(path, 0o755)  # makedirs' mode is filtered by the umask
         return
     if not S_ISDIR(st.st_mode):  # lstat: a symlink is not a folder here
         raise OSError(f"{path} is not a folder (a symlink or file is in the way)")
@@ -120,14 +121,14 @@ def _ensure_dir(path: str) -> None:
 def publish(published: dict, record: dict, nodes: list[dict]) -> None:
     """Write the JSON file, then the specs that mount it (OSError on failure: ADD rolls back)."""
     info = published["podInfoFile"]
-    _ensure_dir(os.path.dirname(os.path.dirname(info)))
-    _ensure_dir(os.path.dirname(info))
+    _ensure_dir(paths.dirname(paths.dirname(info)))
+    _ensure_dir(paths.dirname(info))
     fsutil.write_atomic(info, (jsonio.dumps(record) + "\n").encode(), 0o644)
     nccl, _rest = pod_info.split_env(record["env"])
     if published.get("cdiSpecs") and nccl:  # read only through the specs' mount
         fsutil.write_atomic(nccl_conf_path(info), pod_info.nccl_conf(nccl).encode(), 0o644)
     for spec in published.get("cdiSpecs") or []:
-        _ensure_dir(os.path.dirname(spec["path"]))
+        _ensure_dir(paths.dirname(spec["path"]))
         content = build_spec(published.get("cdiKind") or "rdma-netns.io/pod", spec["unit"], info,
                              record["env"], nodes)
         fsutil.write_atomic(spec["path"], (jsonio.dumps(content) + "\n").encode(), 0o644)
@@ -156,13 +157,13 @@ def unpublish(published: object) -> list[str]:
                 fsutil.remove(path)
             except OSError as exc:
                 errors.append(f"cannot remove {path}: {exc.strerror or exc}")
-        _remove_empty(os.path.dirname(info))
+        _remove_empty(paths.dirname(info))
     return errors
 
 
 def _remove_empty(folder: str) -> None:
     try:
-        os.rmdir(folder)
+        posix.rmdir(folder)
     except OSError:
         pass  # not empty (another attachment's file), or gone: either is fine
 
@@ -184,7 +185,7 @@ def sweep(pod_info_dir: str, spec_dir: str, network: str, keep: set[tuple[str, s
             if not isinstance(value, dict) or value.get("network") != network or (container_id, ifname) in keep:
                 continue
             for stale in (nccl_conf_path(path), path):
-                if not os.path.lexists(stale):
+                if not paths.lexists(stale):
                     continue
                 try:
                     fsutil.remove(stale)
@@ -198,7 +199,7 @@ def sweep(pod_info_dir: str, spec_dir: str, network: str, keep: set[tuple[str, s
             continue
         path = f"{spec_dir}/{name}"
         info = mounted_file(fsutil.read_json(path))
-        if isinstance(info, str) and info.startswith(prefix) and not os.path.exists(info):
+        if isinstance(info, str) and info.startswith(prefix) and not paths.exists(info):
             try:
                 fsutil.remove(path)
                 removed.append(path)
@@ -209,6 +210,6 @@ def sweep(pod_info_dir: str, spec_dir: str, network: str, keep: set[tuple[str, s
 
 def _listdir(path: str) -> list[str]:
     try:
-        return sorted(os.listdir(path))
+        return sorted(posix.listdir(path))
     except OSError:
         return []

@@ -21,11 +21,11 @@ plugin read it through load/read_state).
 
 from __future__ import annotations
 
-import os
+import posix
 import sys
 import time
 
-from rdma_netns import fsutil
+from rdma_netns import fsutil, paths
 from rdma_netns.spec.errors import IO_FAILURE, TRY_AGAIN_LATER, CniError
 
 LOCKS = "locks"
@@ -87,7 +87,7 @@ class StateStore:
 
     def is_released(self, container_id: str, ifname: str) -> bool:
         try:
-            return time.time() - os.lstat(self._released_path(container_id, ifname)).st_mtime < RELEASED_TTL
+            return time.time() - posix.lstat(self._released_path(container_id, ifname)).st_mtime < RELEASED_TTL
         except OSError:
             return False
 
@@ -96,10 +96,10 @@ class StateStore:
         folder = f"{self.folder}/{RELEASED}"
         try:
             fsutil.ensure_private_dir(folder)
-            fd = os.open(self._released_path(container_id, ifname),
-                         os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            os.utime(fd)
-            os.close(fd)
+            fd = posix.open(self._released_path(container_id, ifname),
+                            posix.O_WRONLY | posix.O_CREAT | posix.O_NOFOLLOW | posix.O_CLOEXEC, 0o600)
+            posix.utime(fd)
+            posix.close(fd)
             self._expire_released(folder)
         except OSError:
             pass
@@ -114,14 +114,14 @@ class StateStore:
 
     def clear_released(self, container_id: str, ifname: str) -> None:
         try:
-            os.unlink(self._released_path(container_id, ifname))
+            posix.unlink(self._released_path(container_id, ifname))
         except OSError:
             pass
 
     def released(self) -> list[tuple[str, str]]:
         """Every (containerID, ifname) with a marker."""
         try:
-            names = os.listdir(f"{self.folder}/{RELEASED}")
+            names = posix.listdir(f"{self.folder}/{RELEASED}")
         except OSError:
             return []
         out = []
@@ -138,20 +138,20 @@ class StateStore:
         stamp = f"{folder}/.swept"
         now = time.time()
         try:
-            if now - os.lstat(stamp).st_mtime < SWEEP_INTERVAL:
+            if now - posix.lstat(stamp).st_mtime < SWEEP_INTERVAL:
                 return
         except FileNotFoundError:
             pass
-        os.close(os.open(stamp, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
-        os.utime(stamp)
+        posix.close(posix.open(stamp, posix.O_WRONLY | posix.O_CREAT | posix.O_NOFOLLOW | posix.O_CLOEXEC, 0o600))
+        posix.utime(stamp)
         kept: list[tuple[float, str]] = []
-        for entry in os.scandir(folder):
+        for entry in posix.scandir(folder):
             try:
                 if ":" not in entry.name:
                     continue
                 mtime = entry.stat(follow_symlinks=False).st_mtime
                 if now - mtime >= RELEASED_TTL:
-                    os.unlink(entry.path)
+                    posix.unlink(entry.path)
                 else:
                     kept.append((mtime, entry.path))
             except OSError:
@@ -160,14 +160,14 @@ class StateStore:
             kept.sort(reverse=True)
             for _mtime, path in kept[RELEASED_KEEP:]:
                 try:
-                    os.unlink(path)
+                    posix.unlink(path)
                 except OSError:
                     pass
 
     def attachments(self) -> list[tuple[str, str]]:
         """Every (containerID, ifname) with a state file."""
         try:
-            names = os.listdir(self.folder)
+            names = posix.listdir(self.folder)
         except FileNotFoundError:
             return []
         out = []
@@ -186,7 +186,7 @@ class StateStore:
         Each is taken (without waiting) and unlinked under the lock, like any release."""
         folder = f"{self.root}/{LOCKS}"
         try:
-            names = [n for n in os.listdir(folder) if ":" in n]
+            names = [n for n in posix.listdir(folder) if ":" in n]
         except OSError:
             return 0
         swept = 0
@@ -226,14 +226,14 @@ class AttachmentLock:
         self.fd = -1
 
     def _open(self) -> int:
-        flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if self.create else 0)
+        flags = posix.O_RDWR | posix.O_NOFOLLOW | posix.O_CLOEXEC | (posix.O_CREAT if self.create else 0)
         try:
-            return os.open(self.path, flags, 0o600)
+            return posix.open(self.path, flags, 0o600)
         except FileNotFoundError:
             if not self.create:
                 raise
             fsutil.ensure_private_dir(self.folder)  # a state folder older than this layout
-            return os.open(self.path, flags, 0o600)
+            return posix.open(self.path, flags, 0o600)
 
     def __enter__(self) -> float:
         start = time.monotonic()
@@ -258,7 +258,7 @@ class AttachmentLock:
                     sys.stderr.write(f"rdma-netns: waited {waited:.3f} s for the lock of {self.what} "
                                      "(another call on the same attachment)\n")
                 return waited
-            os.close(fd)  # the holder we waited for unlinked it on release: take the current file
+            posix.close(fd)  # the holder we waited for unlinked it on release: take the current file
 
     def __exit__(self, *exc: object) -> None:
         if self.fd >= 0:
@@ -266,19 +266,19 @@ class AttachmentLock:
                 # Under the lock, as the last step (see the class docstring); and only our own file:
                 # if something else removed it meanwhile, the path may be a newer caller's.
                 if _same_file(self.fd, self.path):
-                    os.unlink(self.path)
+                    posix.unlink(self.path)
             except OSError:
                 pass
-            os.close(self.fd)  # closing the last fd releases the flock
+            posix.close(self.fd)  # closing the last fd releases the flock
             self.fd = -1
 
 
 def _same_file(fd: int, path: str) -> bool:
     try:
-        st = os.lstat(path)
+        st = posix.lstat(path)
     except FileNotFoundError:
         return False
-    mine = os.fstat(fd)
+    mine = posix.fstat(fd)
     return st.st_ino == mine.st_ino and st.st_dev == mine.st_dev
 
 
@@ -382,7 +382,7 @@ def all_records(state_dir: str) -> list[tuple[str, str, str, str]]:
 def network_folders(state_dir: str) -> list[str]:
     """The network folders under a state folder (not the lock or cache folders beside them)."""
     try:
-        names = os.listdir(state_dir)
+        names = posix.listdir(state_dir)
     except OSError:
         return []
-    return sorted(n for n in names if n not in RESERVED_NAMES and os.path.isdir(f"{state_dir}/{n}"))
+    return sorted(n for n in names if n not in RESERVED_NAMES and paths.isdir(f"{state_dir}/{n}"))

@@ -75,3 +75,36 @@ def test_add_check_del_import_nothing_heavy_after_the_first_call(node):
         assert heavy(loaded) == [], f"{command} loaded {heavy(loaded)}: " + \
             "; ".join(f"{m.split('.')[0]}: {FORBIDDEN.get(m.split('.')[0], 'see docs/benchmarks.md')}" for m in heavy(loaded))
     assert "rdma_netns.commands.add" in calls["ADD"], "the probe ran the real ADD"
+
+
+BARE_PROBE = (  # as the launcher starts Python (-IS: no site, which would import os itself)
+    "import sys\n"
+    "sys.path.insert(0, sys.argv[1])\n"
+    "from rdma_netns import entry\n"
+    "env = dict(zip(sys.argv[2::2], sys.argv[3::2]))\n"
+    "rc = entry.run_cni(env, sys.stdin.buffer.read())\n"
+    "sys.stderr.write('OS %r RC %d\\n' % (sorted(m for m in ('os', 'posixpath', '_collections_abc')"
+    " if m in sys.modules), rc))\n"
+)
+
+
+def test_add_never_imports_os(node):
+    """`import os` is ~1 ms of a cold interpreter: the whole ADD (IPAM, links, addresses, routing,
+    the published files, two state records) runs on posix and paths.py. The first call of a
+    config is the control: pydantic loads os."""
+    import rdma_netns
+
+    packages = str(__import__("pathlib").Path(rdma_netns.__file__).parent.parent)
+    conf = node.conf(rails=2)
+
+    def bare_add(pod: str, container_id: str) -> str:
+        env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": container_id, "CNI_IFNAME": conf["rails"][0]["ifname"],
+               "CNI_NETNS": node.netns_path(pod), "CNI_PATH": "/usr/lib/cni"}
+        proc = subprocess.run(["ip", "netns", "exec", node.name, sys.executable, "-IS", "-c", BARE_PROBE, packages,
+                               *[item for pair in env.items() for item in pair]],
+                              input=json.dumps(conf).encode(), capture_output=True, timeout=60)
+        return next((line for line in proc.stderr.decode().splitlines() if line.startswith("OS ")),
+                    proc.stderr.decode() + proc.stdout.decode())
+
+    assert bare_add(node.pod(), "warm-os") == "OS ['_collections_abc', 'os', 'posixpath'] RC 0"
+    assert bare_add(node.pod(), "c-os") == "OS [] RC 0"

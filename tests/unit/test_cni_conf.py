@@ -325,6 +325,7 @@ def test_our_own_file_is_never_the_primary_and_no_primary_means_nothing_to_do(no
 def test_temp_files_are_never_a_name_the_runtime_loads(node: Node, monkeypatch):
     """In process, every rename cni-conf makes is recorded: the source is a hidden name whose
     extension libcni does not load, and the destination is whole, valid JSON at once."""
+    from rdma_netns import fsutil
     from rdma_netns.admin import cni_conf
 
     renames: list[tuple[str, str]] = []
@@ -338,6 +339,7 @@ def test_temp_files_are_never_a_name_the_runtime_loads(node: Node, monkeypatch):
     node.write_primary("10-mynet.conf", SINGLE_CONF)
     node.write_primary("20-calico.conflist", CALICO)
     monkeypatch.setattr(cni_conf.os, "rename", spy)
+    monkeypatch.setattr(fsutil.posix, "rename", spy)  # fsutil's atomic writes (posix: the CNI path has no os)
     state = cni_conf.State(node.state)
     assert cni_conf.insert(node.conf, entry(), state) == "inserted"
     assert cni_conf.remove(node.conf, state) == "restored"

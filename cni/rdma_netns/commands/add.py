@@ -4,7 +4,7 @@ record (teardown.py)."""
 
 from __future__ import annotations
 
-import os
+import posix
 
 from rdma_netns import faults, ipam, modes, pod_cdi, pod_info, rails
 from rdma_netns.commands import log
@@ -93,7 +93,7 @@ def cmd_add(env: CniEnv, cfg: loader.Config, grant: Grant | None = None) -> dict
             faults.point("before-result")
             return result
         finally:
-            os.close(pod_fd)
+            posix.close(pod_fd)
 
 
 def _node_ranges(mode: modes.Mode, host_sock: NetlinkSocket, plan: list[rails.Rail],

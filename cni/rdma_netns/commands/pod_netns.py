@@ -3,7 +3,7 @@ refusing what is unsafe: the plugin's own namespace, a path that is not a networ
 
 from __future__ import annotations
 
-import os
+import posix
 import stat
 
 from rdma_netns.kernel import netns
@@ -27,10 +27,10 @@ def _refuse_own_netns(fd: int, path: str) -> int:
     home = netns.current_netns_fd()
     try:
         if netns.same_netns(fd, home):
-            os.close(fd)
+            posix.close(fd)
             raise CniError(INVALID_ENV, f"CNI_NETNS {path} is the plugin's own (host) namespace")
     finally:
-        os.close(home)
+        posix.close(home)
     return fd
 
 
@@ -60,8 +60,8 @@ def open_pod_netns_if_alive(path: str, strict: bool = True) -> int | None:
 def _is_empty_file(path: str) -> bool:
     """An empty regular file outside nsfs (namespace files look like empty files too)."""
     try:
-        st = os.stat(path)
-        nsfs = os.stat("/proc/thread-self/ns/net").st_dev
+        st = posix.stat(path)
+        nsfs = posix.stat("/proc/thread-self/ns/net").st_dev
     except OSError:
         return True
     return stat.S_ISREG(st.st_mode) and st.st_size == 0 and st.st_dev != nsfs

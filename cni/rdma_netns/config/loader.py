@@ -9,7 +9,7 @@ once, stores the normalised result under the state folder keyed by the SHA-256 o
 
 from __future__ import annotations
 
-import os
+import posix
 
 from rdma_netns import __version__, fsutil, jsonio
 from rdma_netns.config.defaults import (  # noqa: F401 (re-exported: loader.DEFAULT_* as before)
@@ -180,12 +180,12 @@ def expire_cache(cache_dir: str, keep: int) -> None:
     """Keep the `keep` most recently written verdicts (runs on a cache miss only, under the fill
     lock). A dropped verdict costs its config one more validation, never a wrong answer."""
     try:
-        entries = [e for e in os.scandir(cache_dir) if e.name.endswith(".json")]
+        entries = [e for e in posix.scandir(cache_dir) if e.name.endswith(".json")]
         if len(entries) <= keep:
             return
         entries.sort(key=lambda e: e.stat(follow_symlinks=False).st_mtime, reverse=True)
         for entry in entries[keep:]:
-            os.unlink(entry.path)
+            posix.unlink(entry.path)
     except OSError:
         pass
 
@@ -200,8 +200,8 @@ class _CacheFillLock:
         try:
             fsutil.ensure_private_dir(cache_dir)
             fsutil.ensure_private_dir(f"{state_dir}/locks")
-            self.fd = os.open(f"{state_dir}/locks/{CACHE_FOLDER}.fill",
-                              os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            self.fd = posix.open(f"{state_dir}/locks/{CACHE_FOLDER}.fill",
+                                 posix.O_RDWR | posix.O_CREAT | posix.O_NOFOLLOW | posix.O_CLOEXEC, 0o600)
         except OSError:
             return
 
@@ -213,7 +213,7 @@ class _CacheFillLock:
 
     def __exit__(self, *exc: object) -> None:
         if self.fd >= 0:
-            os.close(self.fd)
+            posix.close(self.fd)
 
 
 def _canonical(value: object) -> str:

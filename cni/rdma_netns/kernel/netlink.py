@@ -10,7 +10,7 @@ the tests only, as an independent codec and kernel inspector.
 from __future__ import annotations
 
 import errno
-import os
+import posix
 import struct
 from _socket import AF_NETLINK, SO_RCVBUF, SOCK_CLOEXEC, SOCK_RAW, SOL_SOCKET
 from _socket import socket as _socket
@@ -137,12 +137,12 @@ class NetlinkSocket:
                     # A dump that failed part-way ends with DONE carrying the negative errno.
                     code = -struct.unpack_from("=i", body)[0] if len(body) >= 4 else 0
                     if code > 0:
-                        raise NetlinkError(code, f"{what}: {os.strerror(code)}")
+                        raise NetlinkError(code, f"{what}: {posix.strerror(code)}")
                     return
                 if msg_type == NLMSG_ERROR:
                     code = -struct.unpack_from("=i", body)[0]
                     if code:
-                        raise NetlinkError(code, f"{what}: {os.strerror(code)}{_ext_ack(body, flags)}")
+                        raise NetlinkError(code, f"{what}: {posix.strerror(code)}{_ext_ack(body, flags)}")
                     return
                 yield msg_type, flags, body
                 if not flags & NLM_F_MULTI:

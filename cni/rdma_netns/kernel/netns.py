@@ -8,7 +8,7 @@ single-threaded, so switching the calling thread switches everything it opens af
 from __future__ import annotations
 
 import fcntl
-import os
+import posix
 
 CLONE_NEWNET = 0x40000000
 NS_GET_NSTYPE = 0xB703  # _IO(0xb7, 0x3)
@@ -61,14 +61,14 @@ class NotANetns(Exception):
 def open_netns(path: str) -> int:
     """Open `path` as a network namespace fd; FileNotFoundError if gone, NotANetns if not one."""
     # O_NONBLOCK: a FIFO (or a device) given as the netns must not block the open; nsfs ignores it.
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
+    fd = posix.open(path, posix.O_RDONLY | posix.O_CLOEXEC | posix.O_NOCTTY | posix.O_NONBLOCK)
     try:
         kind = fcntl.ioctl(fd, NS_GET_NSTYPE)
     except OSError:
-        os.close(fd)
+        posix.close(fd)
         raise NotANetns(path) from None
     if kind != CLONE_NEWNET:
-        os.close(fd)
+        posix.close(fd)
         raise NotANetns(path)
     return fd
 
@@ -76,11 +76,11 @@ def open_netns(path: str) -> int:
 def setns(fd: int) -> None:
     if load_setns()(fd, CLONE_NEWNET) != 0:  # type: ignore[operator]
         err = libc_errno()
-        raise OSError(err, f"setns: {os.strerror(err)}")
+        raise OSError(err, f"setns: {posix.strerror(err)}")
 
 
 def current_netns_fd() -> int:
-    return os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    return posix.open("/proc/thread-self/ns/net", posix.O_RDONLY | posix.O_CLOEXEC)
 
 
 class inside:  # noqa: N801 - used like a function: `with netns.inside(fd):`
@@ -95,18 +95,18 @@ class inside:  # noqa: N801 - used like a function: `with netns.inside(fd):`
         try:
             setns(self.target)
         except BaseException:
-            os.close(self.home)
+            posix.close(self.home)
             raise
 
     def __exit__(self, *exc: object) -> None:
         try:
             setns(self.home)
         finally:
-            os.close(self.home)
+            posix.close(self.home)
 
 
 def same_netns(fd_a: int, fd_b: int) -> bool:
-    a, b = os.fstat(fd_a), os.fstat(fd_b)
+    a, b = posix.fstat(fd_a), posix.fstat(fd_b)
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
@@ -115,7 +115,7 @@ NETNS_RUN_DIR = "/var/run/netns"
 
 def _ns_id(path: str) -> tuple[int, int] | None:
     try:
-        st = os.stat(path)
+        st = posix.stat(path)
     except OSError:
         return None
     return st.st_dev, st.st_ino
@@ -123,7 +123,7 @@ def _ns_id(path: str) -> tuple[int, int] | None:
 
 def _listdir(path: str) -> list[str]:
     try:
-        return sorted(os.listdir(path))
+        return sorted(posix.listdir(path))
     except OSError:
         return []
 

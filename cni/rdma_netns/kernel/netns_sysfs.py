@@ -9,7 +9,7 @@ namespace, joins the pod's network namespace and mounts a fresh sysfs over /sys 
 
 from __future__ import annotations
 
-import os
+import posix
 
 from rdma_netns import jsonio
 from rdma_netns.kernel import netns
@@ -38,29 +38,29 @@ def call_in_pod_view(netns_fd: int, func: Callable[[], object]) -> object:
     """Run `func` in a child that sees the pod's sysfs; return its JSON-able result.
 
     The child is bounded by `func` itself (callers pass a lookup with its own deadline)."""
-    read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
-    pid = os.fork()
+    read_fd, write_fd = posix.pipe2(posix.O_CLOEXEC)
+    pid = posix.fork()
     if pid == 0:  # child: never returns
         code = 0
         try:
-            os.close(read_fd)
+            posix.close(read_fd)
             _enter_pod_sysfs(netns_fd)
             payload = {"ok": func()}
         except BaseException as exc:  # reported to the parent, which raises it there
             payload = {"error": f"{type(exc).__name__}: {exc}"}
             code = 1
         try:
-            os.write(write_fd, jsonio.dumps(payload).encode())
+            posix.write(write_fd, jsonio.dumps(payload).encode())
         finally:
-            os._exit(code)
-    os.close(write_fd)
+            posix._exit(code)
+    posix.close(write_fd)
     chunks = []
     try:
-        while data := os.read(read_fd, 65536):
+        while data := posix.read(read_fd, 65536):
             chunks.append(data)
     finally:
-        os.close(read_fd)
-        os.waitpid(pid, 0)
+        posix.close(read_fd)
+        posix.waitpid(pid, 0)
     try:
         answer = jsonio.loads(b"".join(chunks))
     except ValueError:

@@ -16,7 +16,7 @@ of the thread that opened it (see move_device for the moves' extra rule).
 from __future__ import annotations
 
 import errno
-import os
+import posix
 import struct
 
 from rdma_netns.kernel.netlink import (
@@ -103,7 +103,7 @@ _HINTS: dict[tuple[str, int], str] = {
 
 def describe(what: str, code: int, kernel_text: str = "") -> str:
     """'<what>: <strerror> (<kernel's extended-ack text>)', as kernel/netlink.py words refusals."""
-    reason = os.strerror(code)
+    reason = posix.strerror(code)
     if kernel_text and kernel_text != reason:
         return f"{what}: {reason} ({kernel_text})"
     return f"{what}: {reason}"

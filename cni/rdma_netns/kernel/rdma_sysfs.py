@@ -15,10 +15,20 @@ from these reads.
 
 from __future__ import annotations
 
-import os
+import posix
 import time
 
+from rdma_netns import paths
 from rdma_netns.kernel.inet import Prefix
+from rdma_netns.spec.env import process_environ
+
+
+def _realpath(path: str) -> str:
+    """os.path.realpath, for the admin's and the device plugin's lookups (and one rare fallback of
+    the CNI's): they load os, which the CNI's own path does not (paths.py)."""
+    import os.path
+
+    return os.path.realpath(path)
 
 
 def _read(path: str) -> str | None:
@@ -33,20 +43,20 @@ def _read_raw(path: str) -> str | None:
     """_read without the file object: a third of its cost, for loops over whole GID tables
     (the device plugin reads every entry of every RoCE port each health interval)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = posix.open(path, posix.O_RDONLY | posix.O_CLOEXEC)
     except OSError:
         return None
     try:
-        return os.read(fd, 256).decode(errors="replace").strip()
+        return posix.read(fd, 256).decode(errors="replace").strip()
     except OSError:
         return None  # an empty GID entry: the kernel refuses the read itself
     finally:
-        os.close(fd)
+        posix.close(fd)
 
 
 def _list(path: str) -> list[str]:
     try:
-        return sorted(os.listdir(path))
+        return sorted(posix.listdir(path))
     except OSError:
         return []
 
@@ -122,7 +132,7 @@ class RdmaSysfs:
     # --- kernel-wide ----------------------------------------------------------------------------
     def subsystem_present(self) -> bool:
         """True when the kernel has an RDMA core (ib_core loaded)."""
-        return os.path.isdir(f"{self.root}/class/infiniband") or os.path.isdir(f"{self.root}/module/ib_core")
+        return paths.isdir(f"{self.root}/class/infiniband") or paths.isdir(f"{self.root}/module/ib_core")
 
     def netns_mode(self) -> str | None:
         """'shared' or 'exclusive', read live from ib_core's netns_mode parameter (None: no RDMA core).
@@ -141,7 +151,7 @@ class RdmaSysfs:
         return _list(f"{self.root}/class/infiniband")
 
     def has_device(self, device: str) -> bool:
-        return os.path.isdir(f"{self.root}/class/infiniband/{device}")
+        return paths.isdir(f"{self.root}/class/infiniband/{device}")
 
     def ports(self, device: str) -> list[int]:
         return sorted(int(p) for p in _list(f"{self.root}/class/infiniband/{device}/ports") if p.isdigit())
@@ -195,13 +205,13 @@ class RdmaSysfs:
     def bond_of(self, netdev: str) -> str | None:
         """The bond `netdev` is a member of (its `master` is a bonding device), else None."""
         try:
-            master = os.path.basename(os.readlink(f"{self.root}/class/net/{netdev}/master"))
+            master = paths.basename(posix.readlink(f"{self.root}/class/net/{netdev}/master"))
         except OSError:
             return None
         return master if self.is_bond(master) else None
 
     def is_bond(self, netdev: str) -> bool:
-        return os.path.isdir(f"{self.root}/class/net/{netdev}/bonding")
+        return paths.isdir(f"{self.root}/class/net/{netdev}/bonding")
 
     def bond_members(self, netdev: str) -> list[str]:
         """A bond's members in the bonding driver's order ([] for anything else)."""
@@ -226,7 +236,7 @@ class RdmaSysfs:
         for bus in ("pci", "auxiliary"):
             base = f"{self.root}/bus/{bus}/devices/{address}"
             try:
-                return sorted(os.listdir(f"{base}/net"))
+                return sorted(posix.listdir(f"{base}/net"))
             except OSError:
                 pass
             for child in _list(base):
@@ -251,27 +261,27 @@ class RdmaSysfs:
         """The PCI (or auxiliary) device name behind an RDMA device, for the CNI result's pciID."""
         link = f"{self.root}/class/infiniband/{device}/device"
         try:
-            target = os.readlink(link)
+            target = posix.readlink(link)
         except OSError:
             return None
-        name = os.path.basename(target)
+        name = paths.basename(target)
         # The kernel's link ends in the function's name; a relative one such as "../.." does not.
-        return name if name not in ("", ".", "..") else os.path.basename(os.path.realpath(link))
+        return name if name not in ("", ".", "..") else paths.basename(_realpath(link))
 
     def function_of_device(self, device: str) -> tuple[str | None, str | None, str | None, str | None, int | None]:
         """(pci, vendor, device_id, driver, numa_node) of the function behind a device; all None for
         a soft device. `pci` is set only on the PCI bus (an auxiliary SF has no PCI address of its
         own); vendor and device ids are lower-case hex without 0x; numa_node None when unknown."""
         link = f"{self.root}/class/infiniband/{device}/device"
-        if not (os.path.islink(link) or os.path.isdir(link)):
+        if not (paths.islink(link) or paths.isdir(link)):
             return None, None, None, None, None
-        real = os.path.realpath(link)
+        real = _realpath(link)
         subsystem = f"{real}/subsystem"
-        bus = os.path.basename(os.path.realpath(subsystem)) if os.path.exists(subsystem) else None
-        last = os.path.basename(real)
+        bus = paths.basename(_realpath(subsystem)) if paths.exists(subsystem) else None
+        last = paths.basename(real)
         pci = last if bus == "pci" or (bus is None and _looks_like_pci(last)) else None
         driver_link = f"{real}/driver"
-        driver = os.path.basename(os.path.realpath(driver_link)) if os.path.exists(driver_link) else None
+        driver = paths.basename(_realpath(driver_link)) if paths.exists(driver_link) else None
         numa_text = _read(f"{link}/numa_node")
         numa = int(numa_text) if numa_text and numa_text.lstrip("-").isdigit() and int(numa_text) >= 0 else None
         return pci, _hex_id(_read(f"{link}/vendor")), _hex_id(_read(f"{link}/device")), driver, numa
@@ -296,7 +306,7 @@ class RdmaSysfs:
         want = gid_text(ip)
         base = f"{self.root}/class/infiniband/{port.device}/ports/{port.port}"
         try:
-            count = len(os.listdir(f"{base}/gids"))
+            count = len(posix.listdir(f"{base}/gids"))
         except OSError:
             return None
         if limit is not None:
@@ -335,7 +345,7 @@ class RdmaSysfs:
         """
         base = f"{self.root}/class/infiniband/{port.device}/ports/{port.port}"
         try:
-            total = len(os.listdir(f"{base}/gids"))
+            total = len(posix.listdir(f"{base}/gids"))
         except OSError:
             return None
         here = set(_list(f"{self.root}/class/net"))
@@ -393,7 +403,7 @@ def _looks_like_pci(name: str) -> bool:
 
 # Tests point this at a kernel-shaped tree (PCI functions, RDMA devices) on machines without RDMA
 # hardware, in-process with use_root() and in CNI subprocesses with the variable; a node never sets it.
-default = RdmaSysfs(os.environ.get("RDMA_NETNS_SYSFS_ROOT") or "/sys")
+default = RdmaSysfs(process_environ().get("RDMA_NETNS_SYSFS_ROOT") or "/sys")
 
 
 def use_root(root: str) -> str:

@@ -6,7 +6,7 @@ namespace a request runs (a socket acts in the namespace it was created in).
 
 from __future__ import annotations
 
-import os
+import posix
 import struct
 from _socket import AF_INET6, AF_UNSPEC
 
@@ -153,7 +153,7 @@ DELETE_GROUP_BASE = 0x52440000
 def delete_links(sock: NetlinkSocket, indexes: list[int], group: int | None = None) -> None:
     """Delete several links in one step: each joins one device group, then one RTM_DELLINK of
     that group, which the kernel unregisters together (one RCU grace period, not one per link)."""
-    group = DELETE_GROUP_BASE | (os.getpid() & 0xFFFF) if group is None else group
+    group = DELETE_GROUP_BASE | (posix.getpid() & 0xFFFF) if group is None else group
     for index in indexes:
         sock.request(RTM_NEWLINK, IFINFOMSG.pack(AF_UNSPEC, 0, index, 0, 0) + attr_u32(IFLA_GROUP, group),
                      what=f"set link {index} group {group}")
