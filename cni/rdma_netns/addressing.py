@@ -12,7 +12,6 @@ route the same destinations.
 
 from __future__ import annotations
 
-import posix
 from _socket import AF_INET, AF_INET6
 
 from rdma_netns import paths
