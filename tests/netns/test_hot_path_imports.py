@@ -75,6 +75,8 @@ def test_add_check_del_import_nothing_heavy_after_the_first_call(node):
         assert heavy(loaded) == [], f"{command} loaded {heavy(loaded)}: " + \
             "; ".join(f"{m.split('.')[0]}: {FORBIDDEN.get(m.split('.')[0], 'see docs/benchmarks.md')}" for m in heavy(loaded))
     assert "rdma_netns.commands.add" in calls["ADD"], "the probe ran the real ADD"
+    # Each mode's code loads only for its own attachments (modes._build).
+    assert not any(m.startswith("rdma_netns.modes.exclusive") for loaded in calls.values() for m in loaded)
 
 
 BARE_PROBE = (  # as the launcher starts Python (-IS: no site, which would import os itself)

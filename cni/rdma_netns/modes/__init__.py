@@ -17,7 +17,6 @@ from rdma_netns import mode_policy
 from rdma_netns.config.netconf import NetConfig
 from rdma_netns.kernel import rdma_sysfs
 from rdma_netns.modes.base import Mode
-from rdma_netns.modes.exclusive import ExclusiveMode
 from rdma_netns.modes.shared import SharedMode
 from rdma_netns.spec.errors import WRONG_RDMA_MODE, CniError
 
@@ -38,7 +37,11 @@ def effective_mode(configured: str, kernel: str | None) -> str:
 
 
 def _build(name: str, link: str, link_mode: str | None) -> Mode:
-    return ExclusiveMode() if name == "exclusive" else SharedMode(link, link_mode)
+    if name == "exclusive":  # imported only for it: shared mode's ADD does not load it
+        from rdma_netns.modes.exclusive import ExclusiveMode
+
+        return ExclusiveMode()
+    return SharedMode(link, link_mode)
 
 
 def select(net: NetConfig, chained: bool = False) -> Mode:
