@@ -46,19 +46,26 @@ def parse_ipam_result(result: dict, ifname: str) -> RailAddressing:
     return out
 
 
-def prepare_sysctls(ifname: str, needs_ipv6: bool, link_local: bool = False) -> None:
+def prepare_sysctls(ifname: str, needs_ipv6: bool, link_local: bool = True) -> None:
     """IPv6 on (pods often start with it disabled), no router adverts, keep addresses on link down;
-    and no link-local address unless asked for.
+    and a link-local address usable from the first packet, or none when the config says so.
 
-    Every address of a rail interface becomes a GID of the rail's RDMA port, and mlx5 takes two
-    entries (RoCE v1 and v2) of a 255-entry table per address: the EUI-64 link-local address the
-    kernel adds at link up would halve the pods a rail can wire (62 instead of 126). RoCE and NCCL
-    use the pod's own address; so addr_gen_mode 1 ("none"), set before the link goes up, unless
-    the config says "linkLocal": true. Set for IPv4-only rails too, whose IPv6 is often on.
+    When a RoCE QP moves to RTR the kernel resolves the peer's MAC through the neighbour table
+    with no packet to take a source address from, and then the neighbour solicitation needs a
+    link-local source that is not tentative (ndisc_send_ns): without one nothing is sent and the
+    QP fails to reach RTR. So the rail keeps the EUI-64 link-local address the kernel makes at
+    link up, and skips DAD on it (accept_dad 0, before the link goes up), which would leave it
+    tentative for a second or more: macvlans get random MACs, each ipvlan its own dev_id (so its
+    own EUI-64 address), and IPAM's addresses are unique and added nodad anyway.
+    "linkLocal": false (addr_gen_mode 1) trades that for GID room: every address is a GID, two
+    entries of mlx5's ~255 each. Set for IPv4-only rails too, whose IPv6 is often on.
     """
     has_ipv6 = paths.isdir(f"/proc/sys/net/ipv6/conf/{ifname}")
-    if has_ipv6 and not link_local:
-        sysctl.set_ipv6_conf(ifname, "addr_gen_mode", "1")
+    if has_ipv6:
+        if link_local:
+            sysctl.set_ipv6_conf(ifname, "accept_dad", "0")
+        else:
+            sysctl.set_ipv6_conf(ifname, "addr_gen_mode", "1")
     if not needs_ipv6:
         return
     if not has_ipv6:
@@ -70,7 +77,7 @@ def prepare_sysctls(ifname: str, needs_ipv6: bool, link_local: bool = False) -> 
 
 
 def configure(sock: NetlinkSocket, link: rtnl.Link, plan: RailAddressing, table: int, priority: int,
-              link_local: bool = False) -> None:
+              link_local: bool = True) -> None:
     """Bring the link up and give it its addresses, its routing table and its source rules.
 
     The three steps are separate functions so that ADD can run the GID-producing ones (link up,
@@ -82,7 +89,7 @@ def configure(sock: NetlinkSocket, link: rtnl.Link, plan: RailAddressing, table:
     add_routing(sock, link, plan, table, priority)
 
 
-def bring_up(sock: NetlinkSocket, link: rtnl.Link, plan: RailAddressing, link_local: bool = False) -> None:
+def bring_up(sock: NetlinkSocket, link: rtnl.Link, plan: RailAddressing, link_local: bool = True) -> None:
     """Sysctls, then link up: with link_local the kernel then adds the link-local address (a GID)."""
     prepare_sysctls(link.name, any(a.version == 6 for a, _ in plan.addresses), link_local)
     rtnl.set_link_up(sock, link.index)

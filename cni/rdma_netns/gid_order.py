@@ -7,8 +7,8 @@ whenever the tables have the same layout, and a training framework can use one i
 - concurrent ADDs of different pods interleaving per rail (pod a first on rail 0, pod b first on rail 1);
 - concurrent DELs freeing slots on one rail before and on another after an ADD fills them;
 - a rail's IPv6 link-local address (a GID too) appearing asynchronously after its link goes up,
-  sometimes after the pod's own address. Rail interfaces get one only with "linkLocal": true
-  (addressing.prepare_sysctls); only then does ADD wait for it.
+  sometimes after the pod's own address. Rail interfaces have one unless "linkLocal": false
+  (addressing.prepare_sysctls); ADD waits for it whenever the kernel will make one.
 So ADD takes <stateDir>/locks/gid-order (flock, polled like state.AttachmentLock) for a short
 critical section: every rail's link up, the link-local addresses awaited, every rail's addresses
 added, their GIDs awaited; DEL takes it around deleting the pod's links. The kernel's GID work

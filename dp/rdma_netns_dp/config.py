@@ -61,10 +61,11 @@ class ResourceConfig(_Strict):
     # a hostNetwork pod, which gets no ADD) a devices-only placeholder written here resolves it.
     podCdi: bool = False
     podCdiKind: str = "rdma-netns.io/pod"  # the CNI config's cdiKind (the same default)
-    # Shared mode: IP addresses a pod puts on each rail: 1 by default; 2 when the CNI config sets
-    # linkLocal: true or IPAM hands two addresses. Each takes 1 (rxe) or 2 (mlx5: RoCE v1 and v2)
-    # GID entries, and no more units are Healthy than the rails' GID tables can still wire.
-    addressesPerPod: int = Field(1, ge=1, le=16)
+    # Shared mode: IP addresses a pod puts on each rail: 2 by default (its own and the rail's
+    # link-local one, which RoCE needs to resolve peers); 1 with the CNI's linkLocal: false, more when
+    # IPAM hands out several. Each takes 1 (rxe) or 2 (mlx5: RoCE v1 and v2) GID entries, and no
+    # more units are Healthy than the rails' GID tables can still wire.
+    addressesPerPod: int = Field(2, ge=1, le=16)
 
     @field_validator("name")
     @classmethod

@@ -51,20 +51,26 @@ def _link_local(node, pod: str, ifname: str) -> list[str]:
     return [a["local"] for a in out[0]["addr_info"] if a.get("scope") == "link"] if out else []
 
 
-def test_rail_interfaces_get_no_link_local_address_unless_asked(node):
-    """Each address is a GID (two entries of mlx5's 255 per address): a link-local one per rail
-    would halve the pods a rail can wire, so the kernel is told not to make one (addr_gen_mode 1)."""
+def test_rail_interfaces_keep_a_usable_link_local_address_unless_told_not_to(node):
+    """RoCE resolves a peer's MAC with a neighbour solicitation whose source must be a link-local
+    address that is not tentative (the kernel sends none otherwise, and an RC QP fails at RTR):
+    each rail has one, out of DAD, when ADD returns. "linkLocal": false gives that up for GID room
+    (addr_gen_mode 1): then only the pod's own address is on the rail."""
     pod = node.pod()
     node.cni("ADD", node.conf(rails=2), pod).ok()
     for ifname in ("rdma0", "rdma1"):
-        assert pod_sysctl(pod, ifname, "addr_gen_mode") == "1"
-        assert _link_local(node, pod, ifname) == []
-        assert len(node.addresses(pod, ifname)) == 1
-    asked = node.pod()
-    node.cni("ADD", node.conf(rails=2, linkLocal=True), asked, container_id="c2").ok()
+        assert pod_sysctl(pod, ifname, "addr_gen_mode") == "0"
+        assert pod_sysctl(pod, ifname, "accept_dad") == "0"
+        (link_local,) = [a for a in ipj("-6", "-n", pod, "address", "show", "dev", ifname)[0]["addr_info"]
+                         if a.get("scope") == "link"]
+        assert link_local["local"].startswith("fe80:")
+        assert not link_local.get("tentative"), f"{ifname}: a tentative link-local sources no solicitation"
+    refused = node.pod()
+    node.cni("ADD", node.conf(rails=2, linkLocal=False), refused, container_id="c2").ok()
     for ifname in ("rdma0", "rdma1"):
-        assert pod_sysctl(asked, ifname, "addr_gen_mode") == "0"
-        assert _link_local(node, asked, ifname), f"{ifname}: linkLocal true keeps the kernel's fe80:: address"
+        assert pod_sysctl(refused, ifname, "addr_gen_mode") == "1"
+        assert _link_local(node, refused, ifname) == []
+        assert len(node.addresses(refused, ifname)) == 1
 
 
 def test_per_rail_table_and_source_rule(node):

@@ -146,7 +146,7 @@ def test_the_shipped_lag_entry_resolves_to_the_lag_devices(lag, tmp_path):
 
     entry = json.loads((REPO / "conf" / "rdma-netns-chained-entry-lag.json").read_text())
     cfg = loader.load({"cniVersion": "1.1.0", "name": "k8s-pod-network", **entry, "stateDir": str(tmp_path)})
-    assert (cfg.net.link, cfg.net.link_mode, cfg.net.link_local) == ("ipvlan", "l2", False)
+    assert (cfg.net.link, cfg.net.link_mode, cfg.net.link_local) == ("ipvlan", "l2", True)
     plan = rails.plan(cfg.net, "eth0", None, chained=True)
     assert [(r.ifname, r.netdev, r.rdma.device) for r in plan] == [
         (f"rdma{i}", f"bond{i}", f"mlx5_bond_{i}") for i in range(4)]

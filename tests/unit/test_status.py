@@ -123,7 +123,8 @@ def test_healthy_node_exits_0_with_every_part_seen(node: Node, capsys):
     rail0, rail1 = checks["Rails/rail 0 rdma0"], checks["Rails/rail 1 rdma1"]
     assert rail0["data"].items() >= {"netdev": "eth1", "device": "rxe0", "gidsTotal": 1024, "perAddress": 1}.items()
     assert rail1["data"]["device"] == "mlx5_0" and rail1["data"]["perAddress"] == 2
-    assert rail1["data"]["podsLeft"] == (255 - 2) // 2
+    assert rail1["data"]["podsLeft"] == (255 - 2) // 2 // 2, "each pod: its address and the rail's link-local"
+    assert "Rails/link-local" not in checks
     assert "equal to --entry" in checks["Chained entry/entry"]["detail"]
     assert "10-calico.conflist (plugin 2 of 2)" in checks["Chained entry/entry"]["detail"]
     assert checks["Launcher/launcher"]["data"]["supportedVersions"][-2:] == ["1.0.0", "1.1.0"]
@@ -159,18 +160,23 @@ def test_full_gid_table_fails_with_the_mlx5_fix(node: Node, capsys):
 
 
 def test_nearly_full_table_warns_and_exits_0(node: Node, capsys):
-    node.fill_gids("mlx5_0", 120)  # room for 6 more addresses
+    node.fill_gids("mlx5_0", 120)  # room for 6 more addresses: 3 pods, with their link-local addresses
     code, doc = node.status(capsys)
     rail = by_name(doc)["Rails/rail 1 rdma1"]
-    assert (code, rail["state"], rail["data"]["podsLeft"]) == (0, "warn", 6)
+    assert (code, rail["state"], rail["data"]["podsLeft"]) == (0, "warn", 3)
     assert "nearly full" in rail["detail"]
 
 
-def test_link_local_halves_the_room(node: Node, capsys):
-    node.entry["linkLocal"] = True
+def test_no_link_local_doubles_the_room_and_warns_what_it_costs(node: Node, capsys):
+    node.entry["linkLocal"] = False
     assert cni_conf.insert(node.conf_dir, node.entry, cni_conf.State(node.record_dir)) == "updated"
-    _code, doc = node.status(capsys)
-    assert by_name(doc)["Rails/rail 1 rdma1"]["data"]["podsLeft"] == (255 - 2) // 2 // 2
+    code, doc = node.status(capsys)
+    checks = by_name(doc)
+    assert checks["Rails/rail 1 rdma1"]["data"]["podsLeft"] == (255 - 2) // 2
+    warning = checks["Rails/link-local"]
+    assert (code, warning["state"]) == (0, "warn")
+    assert "Failed to modify QP to RTR" in warning["detail"] and "neighbour solicitation" in warning["detail"]
+    assert "addressesPerPod 2" in warning["fix"]
 
 
 # --- rails and the kernel -------------------------------------------------------------------------------

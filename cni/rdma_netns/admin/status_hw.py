@@ -164,9 +164,23 @@ def rails(ctx: Context) -> list[Check]:
         return [Check(g, "rails", state, f"no rail: {source} and no RDMA netdev here",
                       "list the NICs under \"rails\" (netdev, rdmaDevice or pciAddress)" if state == FAIL else "")]
     out = [Check(g, "source", OK, f"{len(entries)} rail(s) from {source}")]
+    if ctx.setting("linkLocal", True) is False:
+        out.append(_no_link_local())
     for i, entry in enumerate(entries):
         out.append(_rail(ctx, i, entry))
     return out
+
+
+def _no_link_local() -> Check:
+    """A config that turns rail link-local addresses off trades RoCE's neighbour resolution for GID room."""
+    return Check("Rails", "link-local", WARN,
+                 "\"linkLocal\": false: pod rails have no IPv6 link-local address, so the kernel sends no "
+                 "neighbour solicitation when a RoCE QP resolves its peer: RC connections over the pods' IPv6 "
+                 "GIDs fail at RTR (\"Failed to modify QP to RTR\") unless other IPv6 traffic on the rail "
+                 "resolved that peer first",
+                 "remove \"linkLocal\": false from the entry (each pod then takes two addresses' GID entries per "
+                 "rail: the device plugin's addressesPerPod 2, its default); keep it off only where every job "
+                 "resolves its peers over the rail before connecting (docs/configuration.md: linkLocal)")
 
 
 def _rail(ctx: Context, index: int, entry: dict) -> Check:
@@ -211,7 +225,7 @@ def _rail(ctx: Context, index: int, entry: dict) -> Check:
 
 def _gid_check(ctx: Context, name: str, where: str, usage: GidUsage, netdev: str, data: dict) -> Check:
     """Shared mode: every pod address on the rail takes usage.per_address entries of its table."""
-    link_local = ctx.setting("linkLocal", False) is True
+    link_local = ctx.setting("linkLocal", True) is not False
     per_pod = 2 if link_local else 1
     left = usage.free_addresses // per_pod
     capacity = usage.total // usage.per_address // per_pod

@@ -127,7 +127,10 @@ class NetConf(Strict):
     rangeFromNodeAddress: RangeFromNodeAddress | None = None
     requireRdma: bool = True
     gidWaitMs: int = Field(default=DEFAULT_GID_WAIT_MS, ge=0, le=30000)
-    linkLocal: bool = False  # an IPv6 link-local address (a GID) on each rail interface
+    # An IPv6 link-local address (a GID) on each rail interface. On by default: without one the
+    # kernel sends no neighbour solicitation when a RoCE QP resolves its peer, so RC over IPv6 GIDs
+    # fails at RTR to any peer no other rail traffic has resolved (addressing.prepare_sysctls).
+    linkLocal: bool = True
     # Defaults shared with DEL's fallback for a config it cannot validate (defaults.TEARDOWN_DEFAULTS).
     routeTableBase: int = Field(default=TEARDOWN_DEFAULTS["routeTableBase"], ge=1, le=2**31 - 64)
     rulePriorityBase: int = Field(default=TEARDOWN_DEFAULTS["rulePriorityBase"], ge=1, le=32000)

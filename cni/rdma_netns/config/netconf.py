@@ -56,7 +56,7 @@ class NetConfig:
         self.node_range: dict | None = d.get("rangeFromNodeAddress")  # every rail's unless it has its own
         self.require_rdma: bool = d.get("requireRdma", True)
         self.gid_wait_ms: int = d.get("gidWaitMs", DEFAULT_GID_WAIT_MS)
-        self.link_local: bool = d.get("linkLocal", False)
+        self.link_local: bool = d.get("linkLocal", True)
         self.route_table_base: int = d.get("routeTableBase", TEARDOWN_DEFAULTS["routeTableBase"])
         self.rule_priority_base: int = d.get("rulePriorityBase", TEARDOWN_DEFAULTS["rulePriorityBase"])
         self.ipam_timeout: float = d.get("ipamTimeoutSeconds", TEARDOWN_DEFAULTS["ipamTimeoutSeconds"])

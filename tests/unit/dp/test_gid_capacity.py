@@ -51,6 +51,9 @@ def refresh(fake: FakeRdmaSysfs, pool: Pool) -> int:
 
 
 def shared_pool(units: int = 1000, **resource) -> Pool:
+    """The pods of these tests put one address on each rail (add_pods; the CNI's linkLocal: false)
+    unless a test says otherwise; the default of two is test_the_default_counts_the_link_local's."""
+    resource.setdefault("addressesPerPod", 1)
     return Pool(ResourceConfig(sharedUnits=units, **resource), "shared")
 
 
@@ -113,6 +116,13 @@ def test_the_most_wired_port_plus_the_fullest_port(lag):
     pool = shared_pool()
     assert refresh(lag, pool) == 10 + (253 - 60) // 2
     assert (pool.gid_capacity.units, pool.gid_capacity.more) == (106, 96)
+
+
+def test_the_default_counts_the_link_local(lag):
+    """Rails keep their link-local address by default (RoCE needs it to resolve peers), so a pod
+    puts two addresses on each rail: a LAG node's 253 free entries, two per address, take 63 pods."""
+    pool = Pool(ResourceConfig(sharedUnits=1000), "shared")
+    assert refresh(lag, pool) == 253 // 4 == 63
 
 
 def test_two_addresses_per_pod_halve_it(lag):
@@ -204,8 +214,8 @@ def test_shared_mode_offers_and_answers_preferred_allocation(lag):
 
 def test_the_config_key():
     resource = {"name": "rdma/hca"}
-    assert validate({"resources": [resource]}, "t").resources[0].addressesPerPod == 1
-    assert validate({"resources": [{**resource, "addressesPerPod": 2}]}, "t").resources[0].addressesPerPod == 2
+    assert validate({"resources": [resource]}, "t").resources[0].addressesPerPod == 2
+    assert validate({"resources": [{**resource, "addressesPerPod": 1}]}, "t").resources[0].addressesPerPod == 1
     for bad in (0, 17, "two"):
         with pytest.raises(ConfigError, match="addressesPerPod"):
             validate({"resources": [{**resource, "addressesPerPod": bad}]}, "t")
@@ -213,6 +223,7 @@ def test_the_config_key():
 
 # --- the daemon's pass ------------------------------------------------------------------------
 def lag_daemon(fake: FakeRdmaSysfs, tmp_path, **resource) -> Daemon:
+    resource.setdefault("addressesPerPod", 1)  # as shared_pool: add_pods puts one address per rail
     return Daemon(validate({
         "mode": "shared", "sysfsRoot": str(fake.sys), "devRoot": str(fake.dev), "kubeletDir": str(tmp_path / "k"),
         "healthFile": str(tmp_path / "health.json"), "podGrantsSocket": "", "cniStateDir": str(tmp_path / "cni"),
