@@ -35,6 +35,8 @@ EXPECTED = [
     "test_1_shared::test_shared_mode_two_pods_gids_and_rdma_traffic[ipvlan]",
     "test_1_shared::test_del_removes_the_pods_gid",
     "test_1_shared::test_shared_mode_refuses_a_rail_without_rdma_device",
+    "test_1_shared::test_rc_with_no_traffic_on_the_rail_first",
+    "test_1_shared::test_without_link_local_only_a_peer_other_traffic_resolved_connects",
     "test_2_exclusive::test_chained_exclusive_each_pod_owns_its_device_and_rdma_works",
     "test_2_exclusive::test_check_notices_a_device_that_left_the_pod",
     "test_2_exclusive::test_pod_namespace_deleted_without_del",

@@ -106,14 +106,29 @@ def pod_address(result: dict, index: int = 0) -> str:
 
 
 def rc_exchange(server_pod: str, server_addr: str, client_pod: str, client_addr: str,
-                server_dev: str | None = None, client_dev: str | None = None) -> dict:
+                server_dev: str | None = None, client_dev: str | None = None,
+                oob: tuple[str, str] | None = None) -> dict:
     """Real RDMA traffic: an RC queue pair moves a known buffer from one pod to the other and the
-    receiver checks every byte (integration/traffic/rc_exchange.py, pyverbs)."""
+    receiver checks every byte (integration/traffic/rc_exchange.py, pyverbs). The QP data goes over
+    TCP between the rail addresses, or with `oob` (server's, client's side-channel address) over
+    another network, as a job's launcher sends it over eth0."""
+    ok, client, server = rc_try(server_pod, server_addr, client_pod, client_addr, server_dev, client_dev, oob)
+    assert ok, f"RC exchange failed: client {client} | server {server}"
+    return server
+
+
+def rc_try(server_pod: str, server_addr: str, client_pod: str, client_addr: str,
+           server_dev: str | None = None, client_dev: str | None = None,
+           oob: tuple[str, str] | None = None) -> tuple[bool, dict, dict]:
+    """rc_exchange without the verdict: (server verified every byte, client's report, server's report)."""
     tool = str(TRAFFIC / "rc_exchange.py")
     server_cmd = ["ip", "netns", "exec", server_pod, SYSTEM_PYTHON, tool, "server", "--addr", server_addr,
                   "--timeout", "240"] + (["--device", server_dev] if server_dev else [])
     client_cmd = ["ip", "netns", "exec", client_pod, SYSTEM_PYTHON, tool, "client", "--addr", client_addr,
                   "--peer", server_addr, "--timeout", "240"] + (["--device", client_dev] if client_dev else [])
+    if oob is not None:
+        server_cmd += ["--oob-addr", oob[0]]
+        client_cmd += ["--oob-addr", oob[1], "--oob-peer", oob[0]]
     server = subprocess.Popen(server_cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         client = subprocess.run(client_cmd, capture_output=True, text=True, timeout=300)
@@ -121,12 +136,45 @@ def rc_exchange(server_pod: str, server_addr: str, client_pod: str, client_addr:
     finally:
         if server.poll() is None:
             server.kill()
-    assert client.returncode == 0 and server.returncode == 0, \
-        f"RC exchange failed: client {client.returncode} {client.stdout} {client.stderr} | " \
-        f"server {server.returncode} {s_out} {s_err}"
-    verdict = json.loads(s_out.strip().splitlines()[-1])
-    assert verdict["ok"] is True
-    return verdict
+    reports = [_last_json(out, err, code) for out, err, code in
+               ((client.stdout, client.stderr, client.returncode), (s_out, s_err, server.returncode))]
+    return client.returncode == 0 and server.returncode == 0 and reports[1].get("ok") is True, *reports
+
+
+def _last_json(out: str, err: str, code: int) -> dict:
+    lines = out.strip().splitlines()
+    try:
+        report = json.loads(lines[-1]) if lines else {}
+    except ValueError:
+        report = {"raw": out[-400:]}
+    return {**report, "exit": code, "stderr": err[-400:]}
+
+
+def cluster_network(pods: list[str], subnet: str = "10.99.0") -> list[str]:
+    """Each of two pods' eth0, joined by a veth: the cluster network a job's launcher exchanges QP
+    data over (never the rail). Returns their IPv4 addresses; gone with the pods' namespaces."""
+    a, b = pods
+    sh("ip", "link", "add", "eth0", "netns", a, "type", "veth", "peer", "name", "eth0", "netns", b)
+    addresses = [f"{subnet}.1", f"{subnet}.2"]
+    for pod, address in zip(pods, addresses):
+        in_pod(pod, "ip", "addr", "add", f"{address}/24", "dev", "eth0")
+        in_pod(pod, "ip", "link", "set", "eth0", "up")
+    return addresses
+
+
+def fresh_neighbours(pod: str, ifname: str) -> None:
+    """Forget every IPv6 neighbour of the pod's rail: the QP must resolve its peer by itself."""
+    in_pod(pod, "ip", "-6", "neigh", "flush", "dev", ifname)
+    left = json.loads(in_pod(pod, "ip", "-j", "-6", "neigh", "show", "dev", ifname).stdout or "[]")
+    assert [n for n in left if "PERMANENT" not in n.get("state", [])] == [], f"{pod} {ifname}: {left}"
+
+
+def neighbour_state(pod: str, ifname: str, address: str) -> list[str]:
+    """The pod's neighbour-table state of `address` on `ifname` ([] when it has no entry)."""
+    for entry in json.loads(in_pod(pod, "ip", "-j", "-6", "neigh", "show", "dev", ifname).stdout or "[]"):
+        if entry.get("dst") == address:
+            return entry.get("state", [])
+    return []
 
 
 def rping(server_pod: str, server_addr: str, client_pod: str, client_addr: str) -> None:

@@ -13,17 +13,19 @@ import json
 
 import pytest
 
-from integration.guest_suite.conftest import in_pod, pod_address, rc_exchange, rping, sh, timed_cni
+from integration.guest_suite.conftest import (cluster_network, fresh_neighbours, in_pod, neighbour_state, pod_address,
+                                              rc_exchange, rc_try, rping, sh, timed_cni)
 from rdma_netns.kernel import rdma_sysfs
 from rdma_netns.kernel.inet import Prefix
 
 pytestmark = pytest.mark.guest
 
 
-def shared_conf(lab, link: str, lower: str | None = None) -> dict:
+def shared_conf(lab, link: str, lower: str | None = None, **keys) -> dict:
     return {"cniVersion": "1.1.0", "name": f"shared-{link}", "type": "rdma-netns", "mode": "shared", "link": link,
             "stateDir": str(lab.tmp / "state"), "gidWaitMs": 5000,
-            "rails": [{"netdev": lower or f"v0{lab.tag}", "ifname": "rdma0", "ipam": lab.ipam("fd00:11::/64")}]}
+            "rails": [{"netdev": lower or f"v0{lab.tag}", "ifname": "rdma0", "ipam": lab.ipam("fd00:11::/64")}],
+            **keys}
 
 
 def gid_ndevs(device: str, address: str) -> list[str]:
@@ -37,7 +39,9 @@ def gid_ndevs(device: str, address: str) -> list[str]:
 def test_shared_mode_two_pods_gids_and_rdma_traffic(lab, link):
     """macvlan: both pods on one NIC (v0). ipvlan: each pod on its own NIC (v0, v1: the two ends
     of one cable), because ipvlans share their lower's MAC and Soft-RoCE loops back every packet
-    addressed to its own MAC, so two ipvlans of one lower cannot exchange RoCE on rxe."""
+    addressed to its own MAC, so two ipvlans of one lower cannot exchange RoCE on rxe.
+    The QP data goes over TCP on the rail, which resolves the peers' MACs before the QP does:
+    test_rc_with_no_traffic_on_the_rail_first is the case a job meets."""
     lab.veth(f"v0{lab.tag}", f"v1{lab.tag}")
     lowers = [f"v0{lab.tag}", f"v0{lab.tag}"] if link == "macvlan" else [f"v0{lab.tag}", f"v1{lab.tag}"]
     devices = {lower: f"rxe{lab.tag}{lower[1]}" for lower in lowers}
@@ -103,3 +107,64 @@ def test_shared_mode_refuses_a_rail_without_rdma_device(lab):
     err = timed_cni("shared-norxe", "ADD", shared_conf(lab, "macvlan"), container_id=pod,
                     netns=f"/var/run/netns/{pod}", ifname="rdma0").error(104)
     assert f"v0{lab.tag}" in err["msg"]
+
+
+def wired_pods(lab, **keys) -> tuple[list[str], list[str], list[dict]]:
+    """Two pods on one NIC (macvlan) wired by the plugin, each then given an rxe on its own rail
+    interface (the path Soft-RoCE can carry, as above): (pods, their rail addresses, configs)."""
+    lab.veth(f"v0{lab.tag}", f"v1{lab.tag}")
+    node_device = f"rxe{lab.tag}0"
+    lab.rxe_on(node_device, f"v0{lab.tag}")
+    conf = shared_conf(lab, "macvlan", **keys)
+    pods = [lab.pod(), lab.pod()]
+    addresses = [pod_address(timed_cni("shared-macvlan", "ADD", conf, container_id=p, netns=f"/var/run/netns/{p}",
+                                       ifname="rdma0").ok()) for p in pods]
+    lab.rxe.remove(node_device)
+    sh("rdma", "link", "delete", node_device)
+    for i, pod in enumerate(pods):
+        lab.rxe_on(f"rxp{lab.tag}{i}", "rdma0", pod=pod)
+    return pods, addresses, [conf, conf]
+
+
+def link_locals(pod: str) -> list[dict]:
+    out = json.loads(in_pod(pod, "ip", "-j", "-6", "addr", "show", "dev", "rdma0", "scope", "link").stdout)
+    return out[0]["addr_info"] if out else []
+
+
+def test_rc_with_no_traffic_on_the_rail_first(lab):
+    """As a job connects: QP data over eth0 (IPv4), no packet on the rail before, neighbour tables
+    empty. Moving the QP to RTR resolves the peer's MAC by itself, with a neighbour solicitation
+    from the rail's link-local address, which the plugin keeps (and out of DAD) by default."""
+    pods, addresses, _confs = wired_pods(lab)
+    for pod in pods:
+        (ll,) = link_locals(pod)
+        assert not ll.get("tentative"), "the link-local address can source a solicitation at once"
+    oob = cluster_network(pods)
+    for pod in pods:
+        fresh_neighbours(pod, "rdma0")
+    assert neighbour_state(pods[0], "rdma0", addresses[1]) == []
+    verdict = rc_exchange(pods[0], addresses[0], pods[1], addresses[1],
+                          server_dev=f"rxp{lab.tag}0", client_dev=f"rxp{lab.tag}1", oob=oob)
+    assert verdict["bytes"] > 0
+    assert neighbour_state(pods[0], "rdma0", addresses[1]), "the QP resolved its peer on the rail"
+
+
+def test_without_link_local_only_a_peer_other_traffic_resolved_connects(lab):
+    """With "linkLocal": false, the same two pods and the same QP: RTR fails (the kernel sends no
+    solicitation without a link-local source), the peer's neighbour entry stays unresolved. Then,
+    apart, the ping-first case: one ping over the rail resolves both ends and the same QP connects,
+    which is why a test that pings first cannot see the bug."""
+    pods, addresses, _confs = wired_pods(lab, linkLocal=False)
+    assert [link_locals(pod) for pod in pods] == [[], []]
+    oob = cluster_network(pods)
+    for pod in pods:
+        fresh_neighbours(pod, "rdma0")
+    devices = {"server_dev": f"rxp{lab.tag}0", "client_dev": f"rxp{lab.tag}1"}
+    ok, client, server = rc_try(pods[0], addresses[0], pods[1], addresses[1], oob=oob, **devices)
+    assert not ok, f"connected without a link-local address: {server}"
+    assert "RTR" in server.get("error", ""), f"the server's QP should fail at RTR: {server} | {client}"
+    assert "REACHABLE" not in neighbour_state(pods[0], "rdma0", addresses[1])
+
+    in_pod(pods[1], "ping", "-6", "-c", "1", "-W", "10", "-I", addresses[1], addresses[0], timeout=60)
+    verdict = rc_exchange(pods[0], addresses[0], pods[1], addresses[1], oob=oob, **devices)
+    assert verdict["bytes"] > 0

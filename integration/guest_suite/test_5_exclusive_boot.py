@@ -35,8 +35,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from integration.guest_suite.conftest import (RESULTS, SYSTEM_PYTHON, TRAFFIC, in_pod, rdma_devices,
-                                              record_timing, sh, timed_cni)
+from integration.guest_suite.conftest import (RESULTS, SYSTEM_PYTHON, TRAFFIC, cluster_network, fresh_neighbours,
+                                              in_pod, rdma_devices, record_timing, sh, timed_cni)
 from tests.conftest import run_plugin
 from tests.kubelet_standin import KubeletStandIn, PodResourcesStandIn
 
@@ -277,14 +277,19 @@ def test_granted_devices_move_into_their_pods_and_carry_rc_traffic(lab, node):
     assert rdma_devices(pods[1]) == [devices[1]] and not set(devices) & set(rdma_devices())
     nodes_b = node.cdi_nodes(response_b.cdi_devices[0].name)
 
-    # Checked RC traffic between the two confined processes (verbs), over the pods' own devices.
+    # Checked RC traffic between the two confined processes (verbs), over the pods' own devices, as
+    # a job connects: QP data over eth0 (IPv4), no packet on the rail before, neighbours forgotten.
+    oob = cluster_network(pods)
+    for pod in pods:
+        fresh_neighbours(pod, "net1")
     tool = str(TRAFFIC / "rc_exchange.py")
     server = subprocess.Popen(confined(pods[0], nodes_a, SYSTEM_PYTHON, tool, "server", "--addr", addresses[0],
-                                       "--device", devices[0], "--timeout", "240"),
+                                       "--device", devices[0], "--timeout", "240", "--oob-addr", oob[0]),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         client = sh(*confined(pods[1], nodes_b, SYSTEM_PYTHON, tool, "client", "--addr", addresses[1],
-                              "--peer", addresses[0], "--device", devices[1], "--timeout", "240"),
+                              "--peer", addresses[0], "--device", devices[1], "--timeout", "240",
+                              "--oob-addr", oob[1], "--oob-peer", oob[0]),
                     check=False, timeout=300)
         s_out, s_err = server.communicate(timeout=300)
     finally:

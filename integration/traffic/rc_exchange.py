@@ -5,12 +5,16 @@ Run one side in each pod (Debian's python3-pyverbs, hence /usr/bin/python3):
 
     rc_exchange.py server --addr fd00::11 [--port 18515] [--device rxe0]
     rc_exchange.py client --addr fd00::12 --peer fd00::11 [--port 18515]
+    rc_exchange.py server --addr fd00::11 --oob-addr 10.99.0.1
+    rc_exchange.py client --addr fd00::12 --peer fd00::11 --oob-addr 10.99.0.2 --oob-peer 10.99.0.1
 
 Each side picks the RDMA device and the RoCE v2 GID whose content is its own
 pod address (the index differs from layout to layout, so it is looked up by
 content, in the first --gid-scan entries only: rxe has 1024 and reading them
 all under emulation takes minutes). The sides swap QP number, PSN, GID, MTU and
-the server's MR rkey/address over TCP on the same IPv6 addresses; the client
+the server's MR rkey/address over TCP, on the same IPv6 addresses or, as a job
+does it, on other ones (--oob-addr/--oob-peer: the pod's eth0, IPv4), so that
+no IP packet crosses the rail before the QP resolves its peer; the client
 then RDMA WRITEs one pattern into the server's memory and SENDs a second one
 into a posted receive. RC ordering guarantees the WRITE is placed before the
 SEND completes, so the server checks both byte for byte once the receive
@@ -330,9 +334,13 @@ def recv_json(sock: socket.socket, deadline: Deadline, what: str) -> dict[str, A
     return json.loads(data)
 
 
+def family_of(addr: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ipaddress.ip_address(addr).version == 6 else socket.AF_INET
+
+
 def accept_peer(addr: str, port: int, deadline: Deadline) -> socket.socket:
-    """Listen on the pod address and take one client."""
-    with socket.create_server((addr, port), family=socket.AF_INET6) as server:
+    """Listen on the side-channel address and take one client."""
+    with socket.create_server((addr, port), family=family_of(addr)) as server:
         while True:
             server.settimeout(deadline.left(f"waiting for a client on [{addr}]:{port}"))
             try:
@@ -361,7 +369,7 @@ def connect_peer(addr: str, peer: str, port: int, deadline: Deadline) -> socket.
 def run_server(args: argparse.Namespace, ep: Endpoint, deadline: Deadline) -> dict[str, Any]:
     """Receive the WRITE and the SEND, verify both, tell the client."""
     ep.post_recv()
-    with accept_peer(args.addr, args.port, deadline) as conn:
+    with accept_peer(args.oob_addr or args.addr, args.port, deadline) as conn:
         client = recv_json(conn, deadline, "its QP data")
         if int(client["size"]) != ep.size:
             raise Failure(f"client sends {client['size']} bytes, server expects {ep.size} "
@@ -386,7 +394,7 @@ def run_client(args: argparse.Namespace, ep: Endpoint, deadline: Deadline) -> di
     """WRITE then SEND the patterns, and report the server's verdict."""
     seed = args.seed if args.seed is not None else random.getrandbits(32)
     ep.fill(seed)
-    with connect_peer(args.addr, args.peer, args.port, deadline) as conn:
+    with connect_peer(args.oob_addr or args.addr, args.oob_peer or args.peer, args.port, deadline) as conn:
         send_json(conn, {**ep.local_info(), "seed": seed})
         server = recv_json(conn, deadline, "its QP data")
         path_mtu = ep.connect(server)
@@ -406,6 +414,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--addr", required=True, help="this pod's IPv6 address (its GID)")
     parser.add_argument("--peer", help="server's IPv6 address (client only)")
     parser.add_argument("--port", type=int, default=18515, help="TCP port of the side channel")
+    parser.add_argument("--oob-addr", help="this pod's side-channel address (default --addr)")
+    parser.add_argument("--oob-peer", help="server's side-channel address (client; default --peer)")
     parser.add_argument("--device", help="RDMA device (default: search the visible ones)")
     parser.add_argument("--size", type=int, default=64 * 1024, help="bytes per WRITE and SEND")
     parser.add_argument("--seed", type=int, help="pattern seed (client; default random)")

@@ -41,15 +41,19 @@ def remove_rxe(node: RdmaNode) -> None:
 
 
 def rc_across(server: RdmaNode, server_pod: str, server_addr: str, client: RdmaNode, client_pod: str,
-              client_addr: str, server_dev: str | None = None, client_dev: str | None = None) -> dict:
+              client_addr: str, server_dev: str | None = None, client_dev: str | None = None,
+              oob: tuple[str, str] | None = None) -> dict:
     """An RC queue pair between the two pods: WRITE + SEND of known patterns, every byte checked by
-    the receiver (integration/traffic/rc_exchange.py, pyverbs)."""
+    the receiver (integration/traffic/rc_exchange.py, pyverbs). The QP data goes over TCP between
+    the rail addresses, or with `oob` (server's, client's address) over IPv4, as perftest's does."""
     tool = str(TRAFFIC / "rc_exchange.py")
     serving = server.node.spawn("ip", "netns", "exec", server_pod, SYSTEM_PYTHON, tool, "server",
                                 "--addr", server_addr, "--timeout", "240",
-                                *(["--device", server_dev] if server_dev else []))
+                                *(["--device", server_dev] if server_dev else []),
+                                *(["--oob-addr", oob[0]] if oob else []))
     out = client.in_pod(client_pod, SYSTEM_PYTHON, tool, "client", "--addr", client_addr, "--peer", server_addr,
                         "--timeout", "240", *(["--device", client_dev] if client_dev else []),
+                        *(["--oob-addr", oob[1], "--oob-peer", oob[0]] if oob else []),
                         timeout=300, check=False)
     served = serving.wait(300)
     assert out.rc == 0 and served.rc == 0, \
@@ -132,7 +136,15 @@ def test_shared_pods_on_two_nodes_exchange_rdma_on_every_rail(two_nodes, link):
                 node.in_pod(pod, "rdma", "link", "add", f"rxp{rail}", "type", "rxe", "netdev", f"rdma{rail}")
         for rail in range(RAILS):
             a, b = global_address(results[0], rail), global_address(results[1], rail)
-            verdict = rc_across(node2, pods[1], b, node1, pods[0], a, server_dev=f"rxp{rail}", client_dev=f"rxp{rail}")
+            # As a job connects: QP data over IPv4 (these guests have no other network between
+            # pods), no IPv6 packet on the rail before, neighbour tables forgotten. The QP resolves
+            # its peer itself, from the rail's link-local address.
+            oob = (f"10.8{rail}.0.2", f"10.8{rail}.0.1")
+            for node, pod, v4 in zip(two_nodes, pods, reversed(oob)):
+                node.in_pod(pod, "ip", "addr", "add", f"{v4}/24", "dev", f"rdma{rail}")
+                node.in_pod(pod, "ip", "-6", "neigh", "flush", "dev", f"rdma{rail}")
+            verdict = rc_across(node2, pods[1], b, node1, pods[0], a, server_dev=f"rxp{rail}", client_dev=f"rxp{rail}",
+                                oob=oob)
             FACTS.append(json.dumps({"name": f"{link} rail {rail} RC across nodes", "bytes": verdict["bytes"],
                                      "gid_index": verdict["gid_index"], "transfer_s": verdict.get("transfer_s")}))
             out = rping_across(node2, pods[1], b, node1, pods[0], a)
