@@ -134,8 +134,8 @@ def rail_state(pod: str) -> str:
 
 
 def link_locals(pod: str) -> list[dict]:
-    out = json.loads(in_pod(pod, "ip", "-j", "-6", "addr", "show", "dev", "rdma0", "scope", "link").stdout)
-    return out[0]["addr_info"] if out else []
+    out = json.loads(in_pod(pod, "ip", "-j", "-6", "addr", "show", "dev", "rdma0").stdout)
+    return [a for a in out[0]["addr_info"] if a.get("scope") == "link"] if out else []
 
 
 def test_rc_with_no_traffic_on_the_rail_first(lab):

@@ -73,7 +73,11 @@ class DevicePluginDaemon:
         self.health_file = tmp / "dp-health.json"
         self.log_file = tmp / "dp.log"
         self.config = tmp / "dp-config.json"
-        self.config.write_text(json.dumps({"resources": [{"name": RESOURCE, "selectors": selectors}]}))
+        # One address per pod in the GID model keeps all 1000 units inside rxe's 1024 entries, so
+        # these tests see every unit Healthy until they fill a table; the default (2: the pod's
+        # address and its rail's link-local one) is the unit suite's (tests/unit/dp/test_gid_capacity.py).
+        self.config.write_text(json.dumps({"resources": [{"name": RESOURCE, "selectors": selectors,
+                                                          "addressesPerPod": 1}]}))
         self.kubelet = KubeletStandIn(self.kubelet_dir / "device-plugins", connect=False).start()
         self.plugin_socket = self.kubelet_dir / "device-plugins" / SOCKET
         self.started = time.monotonic()

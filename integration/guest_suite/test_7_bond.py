@@ -204,7 +204,7 @@ def clean(found: dict, allow_subs: tuple[str, ...] = ()) -> dict:
 
 def check_attached(lab, net: dict, pod: str, result: dict) -> str:
     """ADD's effects: the pod's interface is a sub-interface of bond0, its address a RoCE v2 GID
-    of rxeb with the pod's interface as ndev, no link-local GID, and the rail published as rxeb."""
+    of rxeb with the pod's interface as ndev, its link-local one too, and the rail published as rxeb."""
     address = pod_address(result)
     iface = result["interfaces"][0]
     assert iface["name"] == "rdma0" and iface.get("sandbox") == f"/var/run/netns/{pod}", result
@@ -219,10 +219,13 @@ def check_attached(lab, net: dict, pod: str, result: dict) -> str:
     wait_until(lambda: gid_ndevs(address) == ["rdma0"], 10,
                f"{address} is not a RoCE v2 GID of {DEVICE} with ndev rdma0: "
                f"{[(g.index, g.gid, g.gid_type, g.ndev) for g in table()]}")
-    # No link-local address on the pod's interface, hence no fe80 GID of it (half the entries per pod).
-    assert not [a for a in json.loads(in_pod(pod, "ip", "-j", "-6", "addr", "show", "dev", "rdma0").stdout)[0]
-                .get("addr_info", []) if a.get("scope") == "link"], "rdma0 has an IPv6 link-local address"
-    assert link_local_gids("rdma0") == [], f"a link-local GID of the pod's interface: {link_local_gids('rdma0')}"
+    # One link-local address on the pod's interface (RoCE resolves peers from it), out of DAD, and
+    # its GID: the pod's second entry per rail (an ipvlan's is its own too: each has its dev_id).
+    lls = [a for a in json.loads(in_pod(pod, "ip", "-j", "-6", "addr", "show", "dev", "rdma0").stdout)[0]
+           .get("addr_info", []) if a.get("scope") == "link"]
+    assert len(lls) == 1 and not lls[0].get("tentative"), f"rdma0's link-local addresses: {lls}"
+    wait_until(lambda: link_local_gids("rdma0") == [rdma_sysfs.gid_text(Prefix.parse(lls[0]["local"]))], 10,
+               f"rdma0's link-local {lls[0]['local']} is not a GID: {link_local_gids('rdma0')}")
     info = json.loads((lab.tmp / "podinfo" / pod / "rdma0.json").read_text())
     rail = info["rails"][0]
     assert (rail["ifname"], rail["netdev"], rail["rdmaDevice"], rail["port"]) == ("rdma0", BOND, DEVICE, 1), rail
@@ -250,15 +253,17 @@ def test_every_rail_form_attaches_the_pod_to_the_bond_and_its_rdma_device(lab, b
     assert DEVICE in os.listdir("/sys/class/infiniband")
 
 
-def test_link_local_comes_back_with_the_config_key(lab, bond):
-    net = conf(lab, "netdev", bond, "macvlan", linkLocal=True)
+def test_no_link_local_with_the_config_key(lab, bond):
+    """"linkLocal": false: half the entries per pod, no fe80 GID of the pod's interface (and RC to
+    unresolved peers fails: test_1_shared)."""
+    net = conf(lab, "netdev", bond, "macvlan", linkLocal=False)
     pod = lab.pod()
     result = cni("ADD", net, pod).ok()
     address = pod_address(result)
     assert gid_ndevs(address) == ["rdma0"]
-    wait_until(lambda: link_local_gids("rdma0"), 10, "no link-local GID of rdma0 with \"linkLocal\": true")
+    assert link_local_gids("rdma0") == [], f"a link-local GID with \"linkLocal\": false: {link_local_gids('rdma0')}"
     cni("DEL", {**net, "prevResult": result}, pod).ok()
-    assert link_local_gids("rdma0") == [] and clean(leftovers(lab, net, pod)) == {}
+    assert clean(leftovers(lab, net, pod)) == {}
 
 
 def fill_table(netdev: str) -> tuple[int, list[str]]:
