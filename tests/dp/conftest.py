@@ -81,10 +81,16 @@ class Daemon:
         self._err.close()
 
 
+# Twice Soft-RoCE's 1024: with two addresses per pod (the device plugin's default addressesPerPod:
+# the pod's own and its rail's link-local one) the GID cap then stays above the default 1000 units,
+# so the tests of other things see every unit Healthy.
+HOST_GID_TABLE = 2048
+
+
 def soft_roce_gid_tables(fake: FakeRdmaSysfs, size: int = 1024) -> FakeRdmaSysfs:
-    """Give every RoCE port a whole, mostly empty GID table of Soft-RoCE's size, as the kernel
-    lists it (fake_rdma_sysfs writes entry 0 alone, which reads as a full one-entry table):
-    the shared units' GID cap then stays above the default 1000 units. The empty entries are
+    """Give every RoCE port a whole, mostly empty GID table of `size` entries (Soft-RoCE's by
+    default), as the kernel lists it (fake_rdma_sysfs writes entry 0 alone, which reads as a full
+    one-entry table), so that the shared units' GID cap is the table's. The empty entries are
     hard links to one file (7000 files per host otherwise); the fake replaces a file to change
     it, never writes into one, so they stay independent."""
     empty = fake.root / "empty-gid"
@@ -110,7 +116,8 @@ class Host:
         # Short paths: unix socket paths are limited to 107 bytes.
         self.base = Path(tempfile.mkdtemp(prefix="rdp-", dir="/tmp"))
         if build is None:
-            self.fake: FakeRdmaSysfs = soft_roce_gid_tables(standard_host(self.base / "host", netns_mode, soft=soft))
+            self.fake: FakeRdmaSysfs = soft_roce_gid_tables(standard_host(self.base / "host", netns_mode, soft=soft),
+                                                            HOST_GID_TABLE)
         else:
             self.fake = build(self.base / "host", netns_mode)
         self.kubelet_dir = self.base / "k"

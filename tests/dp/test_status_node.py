@@ -20,7 +20,7 @@ PRIMARY = '{\n  "cniVersion": "1.0.0",\n  "name": "k8s-pod-network",\n  "plugins
 
 
 class StatusHost(Host):
-    """The standard fake host (rxe0 on eth0 with a 1024-entry table), a kubelet stand-in with
+    """The standard fake host (rxe0 on eth0 with a 2048-entry table), a kubelet stand-in with
     PodResources, the daemon with its broker, a CNI conf dir with the entry, the launcher."""
 
     def __init__(self) -> None:
@@ -122,6 +122,6 @@ def test_full_gid_table(node: StatusHost):
     code, doc, text = node.status()
     assert code == 1 and "Rails/rail 0 rdma0" in failing(doc), text
     rail = checks(doc)["Rails/rail 0 rdma0"]
-    assert "GID table full" in rail["detail"] and "1024/1024" in rail["detail"]
+    assert "GID table full" in rail["detail"] and "2048/2048" in rail["detail"]
     assert "one entry per address" in rail["fix"] and "fewer RDMA pods" in rail["fix"]
     assert "fix: the table takes one entry per address" in text
