@@ -65,7 +65,7 @@ class TokenBucket:
             self._refill(now)
             self._tokens -= 1.0  # reserve: negative tokens are a queue of waiters
             wait = 0.0 if self._tokens >= 0 else -self._tokens / self.qps
-            if now + wait > deadline:
+            if wait > 0 and now + wait > deadline:
                 self._tokens += 1.0
                 return False
         if wait > 0:
