@@ -18,7 +18,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from socketserver import TCPServer, ThreadingMixIn
 
 MAX_CONNECTIONS = 16
-CONNECTION_TIMEOUT = 10.0
+CONNECTION_TIMEOUT = 5.0
 RENDER_INTERVAL = 1.0  # Prometheus scrapes every 15-60 s; a second old is fresh
 
 
