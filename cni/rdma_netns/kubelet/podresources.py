@@ -209,14 +209,16 @@ def grant_from_listing(listing, namespace: str, name: str, resource: str) -> Pod
 def call(rpc: Callable[[float], object], path: str, method: str, deadline: float, client: Client | None = None):
     """rpc(timeout) inside kubelet's rate limit: a client's token taken first (waiting for it),
     RESOURCE_EXHAUSTED retried after ratelimit.backoff() until `deadline`, then
-    PodResourcesUnavailable("rate-limited"). Other gRPC errors propagate as they are."""
+    PodResourcesUnavailable("rate-limited"). Other gRPC errors propagate as they are. A retry
+    takes no second token: the client's bucket bounds the calls kubelet answers, and a refused
+    call took nothing from kubelet's."""
     import grpc
 
     limiter = client.limiter if client is not None else None
     observe = client.observe if client is not None else None
     attempt = 0
     while True:
-        if limiter is not None and not limiter.take(deadline):
+        if limiter is not None and attempt == 0 and not limiter.take(deadline):
             raise PodResourcesUnavailable("timeout", f"kubelet PodResources {method} at {path}: no answer in time "
                                           "(waited for the device plugin's share of kubelet's rate limit)")
         try:
