@@ -274,7 +274,7 @@ def test_32_concurrent_requests_are_all_answered(shared):
 def test_many_granted_pods_asking_at_once_all_get_their_grant(shared, pods):
     """A Job's pods starting together: every question answered with the pod's own units (none read
     as "not granted"), in few kubelet calls, none refused by kubelet's bucket."""
-    shared.start_broker("shared", "--pod-grants-socket", str(shared.grants_socket))
+    shared.start_broker("shared")
     expected = {f"p{i}": shared.kubelet.admit_pod("ns", f"p{i}", {"main": {RESOURCE: 1}})["main"][RESOURCE]
                 for i in range(pods)}
     with ThreadPoolExecutor(pods) as pool:
