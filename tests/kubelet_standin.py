@@ -8,7 +8,10 @@ registration (<kubelet dir>/plugins_registry/<sock>).
 
 With a PodResourcesStandIn it also does kubelet's pod admission (admit_pod: pick free healthy IDs,
 Allocate on the plugin) and publishes each grant through the real `v1.PodResourcesLister` service
-on <kubelet dir>/pod-resources/kubelet.sock, as kubelet does.
+on <kubelet dir>/pod-resources/kubelet.sock, as kubelet does, behind kubelet's rate limit: one
+token bucket for every client, 100 QPS with a burst of 10, a call without a token answered
+RESOURCE_EXHAUSTED "rejected by rate limit" (pkg/kubelet/apis/grpc/ratelimit.go and
+pkg/kubelet/apis/podresources DefaultQPS/DefaultBurstTokens; rdma_netns.kubelet.ratelimit).
 
 No pytest imports: usable from plain scripts.
 """
@@ -42,6 +45,32 @@ except ImportError:  # source tree, package not installed
     from rdma_netns.kubelet.api.podresources.v1 import api_pb2_grpc as pr_pb2_grpc
 
 KUBELET_SOCKET = "kubelet.sock"
+# kubelet's PodResources rate limit, copied from its source (not from the product's client, so that
+# the two are checked against each other): pkg/kubelet/apis/podresources/constants.go DefaultQPS,
+# DefaultBurstTokens; pkg/kubelet/apis/grpc/ratelimit.go ErrorLimitExceeded.
+KUBELET_QPS = 100
+KUBELET_BURST = 10
+KUBELET_REFUSAL = "rejected by rate limit"
+
+
+class KubeletBucket:
+    """golang.org/x/time/rate.Limiter's Allow(), as kubelet's interceptor uses it: full at first
+    (`burst` tokens), `qps` tokens a second, one taken per call or the call is refused."""
+
+    def __init__(self, qps: float, burst: int) -> None:
+        self.qps, self.burst = qps, burst
+        self._tokens, self._last = float(burst), time.monotonic()
+        self._lock = threading.Lock()
+
+    def allow(self) -> bool:
+        with self._lock:
+            now = time.monotonic()
+            self._tokens = min(self.burst, self._tokens + (now - self._last) * self.qps)
+            self._last = now
+            if self._tokens >= 1:
+                self._tokens -= 1
+                return True
+            return False
 POD_RESOURCES_DIR = "pod-resources"  # under the kubelet dir, holding kubelet.sock
 SUPPORTED_VERSIONS = ("v1beta1",)
 RPC_TIMEOUT = 5.0
@@ -229,12 +258,14 @@ class _PodResourcesService(pr_pb2_grpc.PodResourcesListerServicer):
         self.owner = owner
 
     def List(self, request, context):  # noqa: N802 (gRPC name)
+        self.owner._admit(context, "List")
         self.owner._record("List", "", "")
         with self.owner._lock:
             pods = [self.owner._message(ns, name) for ns, name in sorted(self.owner._pods)]
         return pr_pb2.ListPodResourcesResponse(pod_resources=pods)
 
     def Get(self, request, context):  # noqa: N802
+        self.owner._admit(context, "Get")
         self.owner._record("Get", request.pod_namespace, request.pod_name)
         mode = self.owner.get_mode
         if mode == "unimplemented":  # kubelet < 1.27: no Get method (grpc-go's wording)
@@ -250,6 +281,7 @@ class _PodResourcesService(pr_pb2_grpc.PodResourcesListerServicer):
         return pr_pb2.GetPodResourcesResponse(pod_resources=message)
 
     def GetAllocatableResources(self, request, context):  # noqa: N802
+        self.owner._admit(context, "GetAllocatableResources")
         self.owner._record("GetAllocatableResources", "", "")
         source = self.owner.allocatable
         devices = source() if source is not None else {}
@@ -262,10 +294,12 @@ class PodResourcesStandIn:
     """kubelet's PodResources API (v1.PodResourcesLister) on a unix socket, for the pods a test
     sets. get_mode imitates kubelet generations: "enabled" (Get answers), "disabled" (1.27-1.33
     with the gate off: UNKNOWN "...Get method disabled"), "unimplemented" (< 1.27). `delay` makes
-    every RPC sleep first (a slow kubelet). Both can be changed while serving."""
+    every RPC sleep first (a slow kubelet). Both can be changed while serving.
+    `rate_limit`: kubelet's bucket (qps, burst), on by default as on every kubelet; None turns it
+    off, for a test that measures something else and says why. `rejected` lists the refusals."""
 
     def __init__(self, socket_path: str | os.PathLike, *, get_mode: str = "enabled",
-                 delay: float = 0.0) -> None:
+                 delay: float = 0.0, rate_limit: tuple[float, int] | None = (KUBELET_QPS, KUBELET_BURST)) -> None:
         if get_mode not in ("enabled", "disabled", "unimplemented"):
             raise ValueError(f"get_mode {get_mode!r}")
         self.socket = Path(socket_path)
@@ -275,6 +309,8 @@ class PodResourcesStandIn:
         self._lock = threading.Lock()
         self._pods: dict[tuple[str, str], tuple[ContainerGrants, ContainerGrants]] = {}
         self._calls: list[tuple[str, str, str]] = []
+        self._rejected: list[str] = []
+        self.bucket = KubeletBucket(*rate_limit) if rate_limit is not None else None
         self._server: grpc.Server | None = None
         self._stopping = threading.Event()
 
@@ -329,6 +365,19 @@ class PodResourcesStandIn:
         """(method, namespace, name) per RPC received; List has ("List", "", "")."""
         with self._lock:
             return list(self._calls)
+
+    @property
+    def rejected(self) -> list[str]:
+        """The method of each call refused by the rate limit (it never reached `calls`)."""
+        with self._lock:
+            return list(self._rejected)
+
+    def _admit(self, context, method: str) -> None:
+        """kubelet's LimiterUnaryServerInterceptor: no token, no call."""
+        if self.bucket is not None and not self.bucket.allow():
+            with self._lock:
+                self._rejected.append(method)
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, KUBELET_REFUSAL)
 
     def _record(self, method: str, namespace: str, name: str) -> None:
         with self._lock:

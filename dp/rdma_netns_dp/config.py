@@ -99,10 +99,14 @@ class CdiConfig(_Strict):
 
 class MetricsConfig(_Strict):
     """Prometheus /metrics (metrics.py) and the FIFO the CNI's per-call events reach it through
-    (cni_events.py). port 0: no metrics, no FIFO."""
+    (cni_events.py). port 0: no metrics, no FIFO. address: the node's loopback by default, where
+    only the node itself (and a proxy in front, docs/metrics.md) reaches it; "0.0.0.0" opens it on
+    every node address (hostNetwork). refreshSeconds: how often the units allocated (one kubelet
+    List) and the pods per rail (the CNI's state files) are read, in the background."""
 
-    address: str = "0.0.0.0"
+    address: str = "127.0.0.1"
     port: int = Field(0, ge=0, le=65535)
+    refreshSeconds: float = Field(10.0, ge=0.1, le=300)
     cniEventsFifo: str = "/run/rdma-netns/cni-events"  # the CNI config's eventsFifo (same default)
 
     @field_validator("cniEventsFifo")

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from rdma_netns import fsutil
 from rdma_netns.kernel.rdma_devices import DeviceSysfs, RdmaDevice
 from rdma_netns.kernel.rdma_sysfs import GidUsage, RdmaPort
+from rdma_netns.kubelet import podresources, ratelimit
 from rdma_netns_dp import away, cdi, kernel_mode
 from rdma_netns_dp.cni_state import device_netns
 from rdma_netns_dp.config import DevicePluginConfig
@@ -47,8 +48,15 @@ class Daemon:
         # The last discovery pass, for the metrics' port series (read at scrape time)
         self.last_discovery: tuple[list[RdmaDevice], dict[RdmaPort, GidUsage]] = ([], {})
         self.pod_resources_socket = os.path.join(config.kubeletDir, "pod-resources", "kubelet.sock")
+        # One kubelet client for the broker and the metrics: one channel, one share of kubelet's
+        # PodResources rate limit (ratelimit.CLIENT_QPS of its 100 QPS), one count of the calls.
+        self.kubelet = podresources.Client(ratelimit.TokenBucket(), observe=self._kubelet_call)
         self.metrics: DaemonMetrics | None = None
         self.cni_events: CniEventsReceiver | None = None
+
+    def _kubelet_call(self, method: str, result: str) -> None:
+        if self.metrics is not None:
+            self.metrics.kubelet_call(method, result)
 
     @property
     def last_blocked(self) -> str | None:
@@ -191,7 +199,7 @@ class Daemon:
             return
         observe = self.metrics.broker_answer if self.metrics else None
         try:
-            self.pod_grants = PodGrantsServer(self.config.podGrantsSocket, observe=observe).start()
+            self.pod_grants = PodGrantsServer(self.config.podGrantsSocket, observe=observe, client=self.kubelet).start()
         except OSError as exc:
             log.error("cannot serve the pod grants broker; the CNI will ask kubelet directly",
                       extra={"socket": self.config.podGrantsSocket, "error": str(exc)})
@@ -205,7 +213,8 @@ class Daemon:
         from rdma_netns_dp.cni_events import CniEventsReceiver
         from rdma_netns_dp.metrics import DaemonMetrics
 
-        self.metrics = DaemonMetrics(self)
+        self.metrics = DaemonMetrics(self, self.config.cniStateDir, self.kubelet, settings.refreshSeconds)
+        self.metrics.start_sampling()
         try:
             port = self.metrics.serve(settings.address, settings.port)
             log.info("serving /metrics", extra={"address": settings.address, "port": port})
@@ -231,5 +240,6 @@ class Daemon:
             self.pod_grants = None
         for plugin in self.plugins:
             plugin.stop()
+        self.kubelet.close()
         if self.config.healthFile:
             fsutil.remove(self.config.healthFile)

@@ -41,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="the grants broker's socket the CNI asks which devices kubelet gave a pod "
                             "(default /run/rdma-netns/pod-grants.sock; \"\" turns it off)")
     serve.add_argument("--metrics-address", dest="metricsAddress",
-                       help="address /metrics listens on (default 0.0.0.0)")
+                       help="address /metrics listens on (default 127.0.0.1: the node itself; docs/metrics.md)")
     serve.add_argument("--metrics-port", dest="metricsPort", type=int,
                        help="port of Prometheus /metrics (default 0: off)")
     serve.add_argument("--cni-state-dir", dest="cniStateDir", help="the CNI plugin's state folder")

@@ -1,12 +1,16 @@
 """The daemon's Prometheus metrics: what the node advertises, holds and does, on /metrics.
 
 Two kinds of series:
-- state, read when Prometheus scrapes (NodeCollector): units per resource (advertised, healthy,
-  allocated as kubelet's PodResources List says), RDMA ports (state, GID table fill, from the
-  daemon's last discovery pass, at most one health interval old), pods per rail (the CNI's state
-  files), registration and kubelet restarts (counted by each ResourcePlugin);
+- state (NodeCollector), read from memory when Prometheus scrapes: units per resource (advertised,
+  healthy), RDMA ports (state, GID table fill, from the daemon's last discovery pass, at most one
+  health interval old), registration and kubelet restarts (counted by each ResourcePlugin); and
+  what costs more to learn, sampled in the background every `refreshSeconds` by the Sampler, never
+  by a scrape: units allocated (kubelet's PodResources List, inside the daemon's share of kubelet's
+  rate limit) and pods per rail (the CNI's state files);
 - events, counted as they happen: every CNI call (cni_events.py receives what each call sends),
-  every grants broker answer.
+  every grants broker answer, every kubelet call the daemon makes.
+A scrape therefore never calls kubelet and its work does not grow with the pods on the node; the
+HTTP side (metrics_http.py) caps connections and renders at most once a second.
 Names follow Prometheus' conventions: rdma_netns_ prefix, base units (seconds), _total counters,
 no unbounded labels (a CNI error code is one of the spec's few, a command one of six).
 """
@@ -14,19 +18,23 @@ no unbounded labels (a CNI error code is one of the spec's few, a command one of
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections import Counter as Tally
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Sequence
+from typing import Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.process_collector import ProcessCollector
 
+from rdma_netns.kernel.rdma_devices import RdmaDevice
+from rdma_netns.kernel.rdma_sysfs import GidUsage, RdmaPort
 from rdma_netns.kubelet import podresources
 from rdma_netns.state import all_records, read_state
-
-if TYPE_CHECKING:
-    from rdma_netns_dp.daemon import Daemon
+from rdma_netns_dp.metrics_http import Exposition, MetricsServer
+from rdma_netns_dp.resource_plugin import ResourcePlugin
 
 log = logging.getLogger("rdma_netns_dp.metrics")
 
@@ -36,13 +44,27 @@ CNI_COMMANDS = ("ADD", "DEL", "CHECK", "STATUS", "GC")
 CNI_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 BROKER_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 PORT_STATES = ("DOWN", "INIT", "ARMED", "ACTIVE", "ACTIVE_DEFER")
-POD_RESOURCES_TIMEOUT = 1.0  # a scrape must not hang on a stuck kubelet
+POD_RESOURCES_TIMEOUT = 1.0  # a sample must not hang on a stuck kubelet
+
+
+class NodeView(Protocol):
+    """What the metrics read of the daemon (rdma_netns_dp.daemon.Daemon is one): declared here so
+    that this module never imports the daemon, which imports it."""
+
+    plugins: Sequence[ResourcePlugin]
+    pod_resources_socket: str
+    last_discovery: tuple[list[RdmaDevice], dict[RdmaPort, GidUsage]]
+
+    @property
+    def last_blocked(self) -> str | None: ...
 
 
 class DaemonMetrics:
-    """The registry and the event counters; serve() exposes them over HTTP."""
+    """The registry and the event counters; serve() exposes them over HTTP. With a `node`, its
+    state too (NodeCollector), the costly part sampled by a Sampler that start_sampling() runs."""
 
-    def __init__(self, daemon: Daemon | None = None) -> None:
+    def __init__(self, node: NodeView | None = None, cni_state_dir: str = "",
+                 client: podresources.Client | None = None, refresh_seconds: float = 10.0) -> None:
         disable_created_metrics()  # the _created series double every counter for no use here
         self.registry = CollectorRegistry(auto_describe=True)
         ProcessCollector(registry=self.registry)
@@ -62,11 +84,18 @@ class DaemonMetrics:
         self.broker_seconds = Histogram("rdma_netns_grants_broker_request_duration_seconds",
                                         "Time the grants broker took to answer (kubelet's part included)",
                                         buckets=BROKER_BUCKETS, registry=self.registry)
+        self.kubelet_calls = Counter("rdma_netns_kubelet_pod_resources_calls",
+                                     "The daemon's calls to kubelet's PodResources API (grants broker and "
+                                     "allocated units) by method and result; rate_limited: refused by "
+                                     "kubelet's rate limit, then retried", ["method", "result"],
+                                     registry=self.registry)
         for command in CNI_COMMANDS:  # every command's series exist from the start (rate() needs a 0)
             self.cni_seconds.labels(command)
-        self.server = None
-        if daemon is not None:
-            self.registry.register(NodeCollector(daemon))
+        self.server: MetricsServer | None = None
+        self.sampler: Sampler | None = None
+        if node is not None:
+            self.sampler = Sampler(node, cni_state_dir, client or podresources.Client(), refresh_seconds)
+            self.registry.register(NodeCollector(node, self.sampler))
 
     def cni_event(self, command: str, code: int, seconds: float, pairing: str, granted: bool | None) -> None:
         self.cni_calls.labels(command, str(code)).inc()
@@ -80,24 +109,86 @@ class DaemonMetrics:
         self.broker_requests.labels(result).inc()
         self.broker_seconds.observe(seconds)
 
+    def kubelet_call(self, method: str, result: str) -> None:
+        self.kubelet_calls.labels(method, result).inc()
+
     def serve(self, address: str, port: int) -> int:
         """Serve /metrics; returns the port (the one the kernel chose when `port` is 0)."""
-        self.server, _thread = start_http_server(port, address, registry=self.registry)
+        exposition = Exposition(lambda: generate_latest(self.registry))
+        self.server = MetricsServer(address, port, exposition, CONTENT_TYPE_LATEST).start()
         return self.server.server_port
 
+    def start_sampling(self) -> None:
+        if self.sampler is not None:
+            self.sampler.start()
+
     def stop(self) -> None:
+        if self.sampler is not None:
+            self.sampler.stop()
         if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
+            self.server.stop()
             self.server = None
 
 
-class NodeCollector:
-    """The node's state, read at scrape time from the daemon and the CNI's state files."""
+class Sample:
+    """One background reading: allocated units per resource (None when kubelet did not answer)
+    and attachments per rail netdev."""
 
-    def __init__(self, daemon: Daemon) -> None:
-        self.daemon = daemon
-        self.channels = podresources.ChannelPool()
+    def __init__(self, allocated: dict[str, int] | None, rail_pods: dict[str, int]) -> None:
+        self.allocated = allocated
+        self.rail_pods = rail_pods
+
+
+class Sampler:
+    """Reads, every `interval` seconds in a thread of its own, what a scrape must not pay for:
+    kubelet's allocations (one List through the daemon's kubelet client, inside its share of
+    kubelet's rate limit) and the CNI's state files (as many as the node has attachments)."""
+
+    def __init__(self, node: NodeView, cni_state_dir: str, client: podresources.Client, interval: float) -> None:
+        self.node = node
+        self.cni_state_dir = cni_state_dir
+        self.client = client
+        self.interval = interval
+        self.latest = Sample(None, {})
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def refresh(self) -> Sample:
+        names = [p.pool.resource.name for p in self.node.plugins]
+        try:
+            allocated: dict[str, int] | None = podresources.allocated_counts(
+                self.node.pod_resources_socket, names, POD_RESOURCES_TIMEOUT, client=self.client)
+        except podresources.PodResourcesUnavailable as exc:
+            log.debug("PodResources List failed", extra={"error": str(exc)})
+            allocated = None
+        self.latest = Sample(allocated, rail_attachments(self.cni_state_dir) if self.cni_state_dir else {})
+        return self.latest
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                self.refresh()
+            except Exception:  # never end the sampling: the series would freeze unnoticed
+                log.exception("metrics sample failed")
+            self._stop.wait(max(0.0, self.interval - (time.monotonic() - started)))
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="metrics-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+
+class NodeCollector:
+    """The node's state, read at scrape time from the daemon's memory and the Sampler's latest."""
+
+    def __init__(self, node: NodeView, sampler: Sampler) -> None:
+        self.node = node
+        self.sampler = sampler
 
     def describe(self) -> list[Metric]:
         return []  # the series depend on what is on the node; no registration-time check
@@ -108,7 +199,7 @@ class NodeCollector:
         yield self.rail_pods()
 
     def resources(self) -> Iterator[Metric]:
-        d = self.daemon
+        d = self.node
         units = GaugeMetricFamily("rdma_netns_units", "Units advertised to kubelet", labels=["resource"])
         healthy = GaugeMetricFamily("rdma_netns_units_healthy", "Units advertised Healthy", labels=["resource"])
         registered = GaugeMetricFamily("rdma_netns_registered", "1 while kubelet has the resource registered",
@@ -136,16 +227,12 @@ class NodeCollector:
 
     def allocated(self) -> Iterator[Metric]:
         """Units kubelet has given to pods: its own PodResources List (the plugin is told of an
-        allocation but never of its end)."""
-        d = self.daemon
+        allocation but never of its end), as the Sampler last read it."""
         up = GaugeMetricFamily("rdma_netns_kubelet_pod_resources_up",
-                               "1 when kubelet's PodResources API answered this scrape")
-        names = [p.pool.resource.name for p in d.plugins]
-        try:
-            counts = podresources.allocated_counts(d.pod_resources_socket, names, POD_RESOURCES_TIMEOUT,
-                                                   pool=self.channels)
-        except podresources.PodResourcesUnavailable as exc:
-            log.debug("PodResources List failed", extra={"error": str(exc)})
+                               "1 when kubelet's PodResources API answered the last sample")
+        counts = self.sampler.latest.allocated
+        names = [p.pool.resource.name for p in self.node.plugins]
+        if counts is None:
             up.add_metric([], 0)
             yield up
             return
@@ -158,7 +245,7 @@ class NodeCollector:
         yield allocated
 
     def ports(self) -> Iterator[Metric]:
-        devices, gids = self.daemon.last_discovery
+        devices, gids = self.node.last_discovery
         up = GaugeMetricFamily("rdma_netns_port_up", "1 while the RDMA port is ACTIVE", labels=["device", "port"])
         state = GaugeMetricFamily("rdma_netns_port_state", "The RDMA port's state (1 for the current one)",
                                   labels=["device", "port", "state"])
@@ -191,10 +278,10 @@ class NodeCollector:
 
     def rail_pods(self) -> Metric:
         """Attachments per host netdev, from the CNI's state records (the daemon's own view of what
-        pods hold: the same files DEL and GC read)."""
+        pods hold: the same files DEL and GC read), as the Sampler last read them."""
         pods = GaugeMetricFamily("rdma_netns_rail_pods", "Pod attachments on each host netdev (rail)",
                                  labels=["netdev"])
-        for netdev, count in sorted(rail_attachments(self.daemon.config.cniStateDir).items()):
+        for netdev, count in sorted(self.sampler.latest.rail_pods.items()):
             pods.add_metric([netdev], count)
         return pods
 

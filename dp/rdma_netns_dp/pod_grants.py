@@ -2,18 +2,19 @@
 
 Why: the CNI is a short-lived process per ADD; importing grpc there costs more than the whole
 question. The long-running device-plugin daemon already has grpc loaded, so it asks kubelet's
-PodResources API (rdma_netns.kubelet.podresources, the one client) on the CNI's behalf. One request per
-connection, one JSON line each way (contract B):
+PodResources API (rdma_netns.kubelet.podresources, the one client) on the CNI's behalf, in rounds
+that answer many questions with one call (grant_rounds.py) inside kubelet's rate limit. One
+request per connection, one JSON line each way (contract B):
   -> {"v": 1, "podResourcesSocket": "/abs", "namespace": "ns", "name": "pod", "uid": "",
       "resourceName": "rdma/hca", "timeoutMs": 500}
   <- {"v": 1, "found": true, "deviceIDs": [...], "via": "Get"|"List"} | {"v": 1, "found": false, "via": ...}
-     | {"v": 1, "error": "unreachable"|"timeout"|"failed"|"bad-request", "msg": "..."}
+     | {"v": 1, "error": "unreachable"|"timeout"|"rate-limited"|"ambiguous"|"failed"|"bad-request",
+        "msg": "..."}
 The socket is 0600 in a folder made 0700: only root on the node may ask.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -25,7 +26,8 @@ import time
 from collections.abc import Callable
 
 from rdma_netns import fsutil
-from rdma_netns.kubelet import podresources
+from rdma_netns.kubelet import podresources, ratelimit
+from rdma_netns_dp.grant_rounds import GrantRounds
 
 log = logging.getLogger("rdma_netns_dp.pod_grants")
 
@@ -151,11 +153,15 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 class PodGrantsServer:
     """The broker: start() binds and serves in a thread, stop() ends it and removes the socket."""
 
-    def __init__(self, socket_path: str, query: Query | None = None, observe: Observe | None = None) -> None:
+    def __init__(self, socket_path: str, query: Query | None = None, observe: Observe | None = None,
+                 client: podresources.Client | None = None) -> None:
+        """`client`: the daemon's kubelet client (shared with its metrics, so that both stay inside
+        one share of kubelet's rate limit); one of its own by default."""
         self.socket_path = socket_path
         self.observe = observe
-        self.channels = podresources.ChannelPool()
-        self.query = query or functools.partial(podresources.pod_device_ids, pool=self.channels)
+        self._own_client = client is None
+        self.client = client or podresources.Client(ratelimit.TokenBucket())
+        self.query = query or GrantRounds(self.client)
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the socket we made
@@ -204,7 +210,8 @@ class PodGrantsServer:
         server.server_close()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        self.channels.close()
+        if self._own_client:
+            self.client.close()
         try:
             st = os.stat(self.socket_path)
             if stat.S_ISSOCK(st.st_mode) and (st.st_dev, st.st_ino) == self._identity:

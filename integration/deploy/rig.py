@@ -10,7 +10,6 @@ installs it" lists the same):
 | hostPath /etc/cni/net.d, /opt/cni/bin | the rig containerd's CNI conf and bin folders (its own, so the machine's are never touched) |
 | hostPath /sys | a fake sysfs tree with two Soft-RoCE-shaped devices on the rig's rails (this kernel has no RDMA) |
 | dp.yaml `devRoot` | that tree's /dev (char nodes 1:3); the CNI is told the same with RDMA_NETNS_SYSFS_ROOT / RDMA_NETNS_DEV_ROOT in containerd's environment |
-| dp.yaml `metrics.address` | 127.0.0.1 instead of 0.0.0.0 (the port as written, 9478): the tests scrape it from inside the device plugin's container, and the machine's own interfaces get no listener |
 | training pod | its image ours (a shell), sleeping instead of torchrun, no GPUs, emptyDir for the PVC, capabilities this machine's bounding set lacks (SYS_RESOURCE here) left out |
 | chained entry `rails` | the rig's two veth rails (an admin edits the netdev names too), `requireRdma: false` (no GIDs without RDMA; the guest suites prove them) |
 | every other hostPath (/opt/rdma-netns-ds, /var/lib/kubelet/..., /var/lib/cni/rdma-netns, /var/lib/rdma-netns, /run/rdma-netns, /var/run/cdi) | as written, on this machine (the launcher's absolute paths and the CNI's fallback to kubelet's socket depend on them); the fixture refuses to start while any is in use, sets aside what earlier runs left there and puts it back after, and removes what it made |
@@ -137,9 +136,6 @@ class DeployNode:
         data["rdma-netns-chained-entry.json"] = json.dumps(entry, indent=2) + "\n"
         dp = yaml.safe_load(data["dp.yaml"])
         dp["devRoot"] = str(self.fake.dev)
-        # /metrics on the host's loopback only (the manifest's 0.0.0.0 would open it on the
-        # machine's own interfaces); the port as written.
-        dp["metrics"]["address"] = "127.0.0.1"
         data["dp.yaml"] = yaml.safe_dump(dp)
         return data
 

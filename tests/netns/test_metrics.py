@@ -78,13 +78,14 @@ class Monitored:
         self.daemon: subprocess.Popen | None = None
         self.prometheus: subprocess.Popen | None = None
 
-    def start_daemon(self) -> None:
+    def start_daemon(self, refresh_seconds: float = 0.2) -> None:
         config = self.base / "dp.json"
         config.write_text(json.dumps({
             "mode": "shared", "kubeletDir": str(self.kubelet_dir), "sysfsRoot": str(self.fake.sys),
             "devRoot": str(self.fake.dev), "healthIntervalSeconds": 0.2, "healthFile": str(self.base / "health"),
             "podGrantsSocket": str(self.grants), "cniStateDir": self.node.state_dir,
-            "metrics": {"address": "127.0.0.1", "port": METRICS_PORT, "cniEventsFifo": str(self.events)},
+            "metrics": {"address": "127.0.0.1", "port": METRICS_PORT, "cniEventsFifo": str(self.events),
+                        "refreshSeconds": refresh_seconds},
             "resources": [{"name": RESOURCE, "sharedUnits": 1000}]}))
         self.daemon_log = open(self.base / "dp.log", "wb")
         self.daemon = subprocess.Popen(["ip", "netns", "exec", self.node.name, dp_binary(), "--config", str(config)],
@@ -314,3 +315,98 @@ def test_a_kubelet_restart_a_port_going_down_and_a_filling_gid_table_show(node, 
     assert m.value('rdma_netns_gid_entries_in_pods{device="rxe0",port="1"}') == 0
     m.wait_value('rdma_netns_units_healthy{resource="rdma/hca"}', 3, timeout=60)
     assert m.value('rdma_netns_units{resource="rdma/hca"}') == 1000
+
+
+# A scrape flood from inside the node's namespace: first connections that send nothing (held
+# until told on stdin), then threads fetching /metrics as fast as they can. Prints the scrapes
+# that got an answer.
+FLOOD = """
+import socket, sys, threading, time, urllib.request
+url, seconds, idle = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+port = int(url.split(":")[2].split("/")[0])
+held = [socket.create_connection(("127.0.0.1", port)) for _ in range(idle)]
+print("holding", flush=True)
+sys.stdin.readline()
+for s in held:
+    s.close()
+done = [0]
+def hammer():
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            urllib.request.urlopen(url, timeout=5).read()
+            done[0] += 1
+        except OSError:
+            time.sleep(0.01)
+threads = [threading.Thread(target=hammer) for _ in range(8)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print(done[0], flush=True)
+"""
+
+
+def _threads(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    return 0
+
+
+@pytest.fixture
+def sampled_slowly(node):
+    """The daemon alone (no Prometheus), sampling kubelet every 5 s."""
+    m = Monitored(node)
+    try:
+        m.start_daemon(refresh_seconds=5.0)
+        yield m
+    except BaseException:
+        print(m.logs())
+        raise
+    finally:
+        m.close()
+
+
+def test_a_scrape_flood_never_reaches_kubelet_and_fails_no_add(node, sampled_slowly):
+    """Anyone who reaches the metrics port can hold connections open and scrape as fast as they
+    like: the daemon's threads stay bounded, kubelet sees no call from the scrapes (the allocated
+    units are sampled in the background), and every ADD meanwhile succeeds, granted or not."""
+    m = sampled_slowly
+    granted = [f"g{i}" for i in range(6)]
+    plain = [f"n{i}" for i in range(6)]
+    for name in granted:
+        m.kubelet.admit_pod("team-a", name, {"main": {RESOURCE: 1}})
+    for name in plain:
+        m.kubelet.admit_pod("team-a", name, {"main": {}})
+    threads_before = _threads(m.daemon.pid)
+    flood = subprocess.Popen(["ip", "netns", "exec", node.name, sys.executable, "-c", FLOOD,
+                              f"http://127.0.0.1:{METRICS_PORT}/metrics", "5", "300"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pods = list(zip(granted, plain))
+    try:
+        assert flood.stdout.readline().strip() == "holding", flood.stderr.read()
+        time.sleep(0.5)
+        threads_idle = _threads(m.daemon.pid)
+        for i, names in enumerate(pods[:3]):  # while 300 connections are held open
+            for name in names:
+                result = add(m, node.pod(), name, f"sbx{name}").ok()
+                assert ("rdma0" in [x["name"] for x in result["interfaces"]]) == (name in granted), result
+        lists_before = sum(1 for c in m.pod_resources.calls if c[0] == "List")
+        flood.stdin.write("go\n")
+        flood.stdin.flush()
+        started = time.monotonic()
+        for names in pods[3:]:  # while 8 threads scrape as fast as they can
+            for name in names:
+                result = add(m, node.pod(), name, f"sbx{name}").ok()
+                assert ("rdma0" in [x["name"] for x in result["interfaces"]]) == (name in granted), result
+        scrapes = int(flood.communicate(timeout=60)[0].strip().splitlines()[-1])
+        window = time.monotonic() - started
+    finally:
+        if flood.poll() is None:
+            flood.kill()
+    lists = sum(1 for c in m.pod_resources.calls if c[0] == "List") - lists_before
+    assert threads_idle - threads_before <= 20, f"threads {threads_before} -> {threads_idle} with 300 idle connections"
+    assert scrapes >= 100, f"only {scrapes} scrapes answered in the flood"
+    # The sampler's Lists alone: one per refreshSeconds (5 s) over the flood, plus one.
+    assert lists <= window / 5 + 1, f"{lists} kubelet Lists during {scrapes} scrapes in {window:.1f} s"
+    assert m.pod_resources.rejected == []
+    assert m.daemon.poll() is None

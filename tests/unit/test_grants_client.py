@@ -150,6 +150,35 @@ def test_no_broker_means_asking_kubelet_directly(tmp_path):
     assert err.value.code == 107 and "unreachable" in err.value.msg and "no-kubelet.sock" in err.value.msg
 
 
+def test_without_a_broker_kubelets_rate_limit_is_waited_out_not_reported(tmp_path):
+    """The direct path (no broker) meets kubelet's bucket emptied by other clients: the refusal is
+    retried inside podResourcesTimeoutMs and the grant comes back; refused until the deadline, it is
+    a clear 107 that says so (never "not granted")."""
+    from tests.kubelet_standin import PodResourcesStandIn
+
+    folder = tempfile.mkdtemp(prefix="rngk-", dir="/tmp")
+    try:
+        with PodResourcesStandIn(os.path.join(folder, "kubelet.sock")) as kubelet:
+            kubelet.set_pod("ns", "pod", {"main": {"rdma/hca": ["hca-0003"]}})
+            conf = net(os.path.join(folder, "absent.sock"), timeout_ms=1000)
+            conf.pod_resources_socket = str(kubelet.socket)
+            kubelet.bucket.qps = 5  # a node busier than the 100 a second: a token every 200 ms
+            while kubelet.bucket.allow():
+                pass
+            grant = grants_client.query(conf, "ns", "pod", "")
+            assert (grant.found, grant.device_ids) == (True, ["hca-0003"])
+            assert kubelet.rejected
+            kubelet.bucket.qps = 0.001  # nothing more for a long while
+            while kubelet.bucket.allow():
+                pass
+            conf.pod_resources_timeout_ms = 200
+            with pytest.raises(CniError) as err:
+                grants_client.query(conf, "ns", "pod", "")
+            assert err.value.code == 107 and "rate-limited" in err.value.msg and "rate limit" in err.value.msg
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def test_pairing_rules():
     env = CniEnv("ADD", "c1", "/var/run/netns/p", "eth0", {"IgnoreUnknown": "1"})
     assert pairing.granted(env, NetConfig({"name": "n", "stateDir": "/x"})) is None

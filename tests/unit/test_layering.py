@@ -38,3 +38,34 @@ def test_config_defaults_import_nothing_and_model_and_loader_not_each_other():
     assert "rdma_netns.config.loader" not in model
     # the loader imports the model lazily, on a cache miss only (its one pydantic validation)
     assert "rdma_netns.config.defaults" in model and "rdma_netns.config.defaults" in loader
+
+
+DP = CNI.parent.parent / "dp" / "rdma_netns_dp"
+
+
+def _cycles(package: Path, prefix: str) -> list[list[str]]:
+    """Import circles among the package's own modules: every import counts, lazy ones inside
+    functions and those under TYPE_CHECKING too (a circle is a design smell either way)."""
+    modules = {prefix + "." + ".".join(p.relative_to(package).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in package.rglob("*.py") if "api" not in p.relative_to(package).parts}
+    graph = {m: {i for _, i in _imports(p) if i in modules and i != m} for m, p in modules.items()}
+    found, done = [], set()
+
+    def visit(module: str, path: list[str]) -> None:
+        for target in sorted(graph[module]):
+            if target in path:
+                found.append(path[path.index(target):] + [target])
+            elif target not in done:
+                visit(target, path + [target])
+        done.add(module)
+
+    for module in sorted(graph):
+        if module not in done:
+            visit(module, [module])
+    return found
+
+
+def test_the_device_plugin_has_no_import_circles():
+    assert (DP / "daemon.py").exists() and (DP / "metrics.py").exists()
+    circles = _cycles(DP, "rdma_netns_dp")
+    assert circles == [], "import circles: " + "; ".join(" -> ".join(c) for c in circles)

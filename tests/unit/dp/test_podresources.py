@@ -163,3 +163,113 @@ def test_relative_socket_path_works(kubelet):
         assert pod_device_ids("kubelet.sock", "ns", "p1", R, 2.0).found
     finally:
         os.chdir(cwd)
+
+
+# --- kubelet's rate limit ------------------------------------------------------------------------
+def test_the_stand_in_applies_kubelets_bucket_by_default(kubelet):
+    """Every kubelet rate-limits PodResources (100 QPS, burst 10, RESOURCE_EXHAUSTED "rejected by
+    rate limit"), so the stand-in does unless a test turns it off; the client's constants match it."""
+    from rdma_netns.kubelet import ratelimit
+    from tests import kubelet_standin
+
+    assert (ratelimit.KUBELET_QPS, ratelimit.KUBELET_BURST, ratelimit.KUBELET_REFUSAL) == (
+        kubelet_standin.KUBELET_QPS, kubelet_standin.KUBELET_BURST, kubelet_standin.KUBELET_REFUSAL) == (
+        100, 10, "rejected by rate limit")
+    from rdma_netns.kubelet.api.podresources.v1 import api_pb2, api_pb2_grpc
+
+    channel = grpc.insecure_channel(f"unix://{kubelet.socket}")
+    stub = api_pb2_grpc.PodResourcesListerStub(channel)
+    codes = []
+    for _ in range(40):  # far faster than 100 a second: the burst, then refusals
+        try:
+            stub.List(api_pb2.ListPodResourcesRequest(), timeout=2)
+            codes.append("OK")
+        except grpc.RpcError as exc:
+            codes.append(exc.code().name)
+            assert exc.details() == "rejected by rate limit"
+    channel.close()
+    assert codes[:10] == ["OK"] * 10 and "RESOURCE_EXHAUSTED" in codes, codes
+    assert len(kubelet.rejected) == codes.count("RESOURCE_EXHAUSTED")
+    assert codes.count("OK") < 20
+
+
+def _drain(kubelet) -> None:
+    while kubelet.bucket.allow():
+        pass
+
+
+@pytest.mark.parametrize("mode", ["enabled", "disabled"])
+def test_a_refused_call_is_retried_and_answered(kubelet, mode):
+    """The CNI's direct path: another client emptied kubelet's bucket; the refusal is retried
+    after a short pause, and the answer is the grant (never "not granted", never an error)."""
+    kubelet.get_mode = mode
+    _drain(kubelet)
+    grant = ask(kubelet, timeout=1.0)
+    assert grant.found and grant.device_ids == ["hca-0001", "hca-0002", "hca-0007", "hca-0011"]
+    assert kubelet.rejected, "the bucket was empty: the first call must have been refused"
+
+
+def test_refused_until_the_deadline_is_rate_limited_in_time(folder):
+    def refuse(request, context):
+        context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "rejected by rate limit")
+    handler = grpc.method_handlers_generic_handler("v1.PodResourcesLister", {
+        "Get": grpc.unary_unary_rpc_method_handler(refuse), "List": grpc.unary_unary_rpc_method_handler(refuse)})
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    server.add_generic_rpc_handlers((handler,))
+    path = folder / "k.sock"
+    server.add_insecure_port(f"unix://{path}")
+    server.start()
+    try:
+        started = time.monotonic()
+        with pytest.raises(PodResourcesUnavailable) as err:
+            pod_device_ids(str(path), "ns", "p", R, 0.3)
+        elapsed = time.monotonic() - started
+        assert err.value.kind == "rate-limited" and "rejected by rate limit" in err.value.message
+        assert 0.1 < elapsed < 0.6, elapsed  # retried, and given up inside the deadline
+    finally:
+        server.stop(None).wait(5)
+
+
+def test_many_direct_callers_at_once_all_get_their_answer(kubelet):
+    """64 CNI processes asking kubelet themselves at once (no broker): kubelet's bucket refuses
+    most first calls; every caller still gets its grant inside a 2 s deadline."""
+    for i in range(64):
+        kubelet.set_pod("ns", f"q{i}", {"main": {R: [f"hca-{i:04d}"]}})
+    with futures.ThreadPoolExecutor(64) as pool:
+        grants = list(pool.map(lambda i: ask(kubelet, name=f"q{i}", timeout=2.0), range(64)))
+    assert [g.device_ids for g in grants] == [[f"hca-{i:04d}"] for i in range(64)]
+    assert kubelet.rejected, "64 calls at once must have met kubelet's limit"
+
+
+def test_duplicate_list_entries_are_refused_not_merged(kubelet):
+    kubelet.get_mode = "disabled"
+    message = kubelet._message
+
+    def renamed(namespace, name):
+        entry = message(namespace, name)
+        if (namespace, name) == ("ns", "none"):
+            entry.name = "p1"  # a second ns/p1: the pod of that name being replaced
+        return entry
+    kubelet._message = renamed
+    with pytest.raises(PodResourcesUnavailable) as err:
+        ask(kubelet)
+    assert err.value.kind == "ambiguous" and "ns/p1" in err.value.message and "2 times" in err.value.message
+
+
+def test_token_bucket_waits_in_turn_and_never_past_the_deadline():
+    from rdma_netns.kubelet.ratelimit import TokenBucket, backoff
+
+    bucket = TokenBucket(qps=50, burst=2)
+    now = time.monotonic()
+    assert bucket.take(now) and bucket.take(now)  # the burst
+    assert not bucket.take(time.monotonic() + 0.005)  # the next token is 20 ms away
+    started = time.monotonic()
+    assert bucket.take(started + 1.0)
+    assert 0.015 < time.monotonic() - started < 0.2
+    takes = 0
+    started = time.monotonic()
+    while time.monotonic() - started < 0.5:
+        takes += bucket.take(started + 0.5)
+    assert takes <= 0.5 * 50 + 2
+    assert all(0.005 <= backoff(a) <= 0.04 for a in range(12))
+    assert max(backoff(10) for _ in range(50)) > 0.03 > max(backoff(0) for _ in range(50))  # it grows
