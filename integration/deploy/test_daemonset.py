@@ -74,8 +74,12 @@ def test_install_the_daemonset_registers_the_plugin_and_chains_the_entry(node, i
 
 
 def capabilities(status: str) -> dict[str, int]:
-    return {k: int(v, 16) for k, v in (line.split(":\t") for line in status.splitlines())
-            if k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")}
+    found = {}
+    for line in status.splitlines():
+        key, _, value = line.partition(":\t")
+        if key in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+            found[key] = int(value, 16)
+    return found
 
 
 def test_the_daemon_runs_without_capabilities_and_the_kernel_mode_step_ran_before_it(node):

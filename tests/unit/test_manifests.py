@@ -401,6 +401,33 @@ def test_the_daemon_can_reach_every_path_its_config_uses():
     assert host_path(entry["podResourcesSocket"]) == entry["podResourcesSocket"]
 
 
+def test_the_kernel_mode_step_exits_1_when_the_kernel_refuses_for_another_reason(tmp_path: Path):
+    """A mode to set and nothing blocking it (no other process's network namespace in sight, no
+    named one), but no CAP_NET_ADMIN: the kernel refuses (EPERM, or no NETLINK_RDMA at all
+    on this machine), which must stop the pod rather than leave the mode silently wrong. Never run
+    with the capability here: it would change this machine's mode."""
+    from tests.fake_rdma_sysfs import FakeRdmaSysfs
+
+    init = container(daemonset()["spec"]["template"]["spec"], "kernel-mode", init=True)
+    config_file = tmp_path / "dp.yaml"
+    config_file.write_text(configmap()["data"]["dp.yaml"])  # mode: shared, ensureKernelMode: true
+    fake = FakeRdmaSysfs(tmp_path / "node", netns_mode="N")  # the kernel in exclusive mode
+    dp = shutil.which("rdma-netns-dp", path=os.path.dirname(sys.executable)) or pytest.fail("no rdma-netns-dp")
+    command = [dp, *init["command"][1:]]
+    command[command.index("--config") + 1] = str(config_file)
+    no_caps = as_container({"name": "none", "securityContext": {"capabilities": {"drop": ["ALL"]}}},
+                           [*command, "--sysfs-root", str(fake.sys)])
+    empty = tmp_path / "no-netns"
+    empty.mkdir()
+    # Its own PID and mount namespaces: no other process in /proc, an empty /run/netns (private
+    # mounts: the machine's stay as they are).
+    hide = 'if [ -d /run/netns ]; then mount --bind "$0" /run/netns; fi; exec "$@"'
+    out = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", hide, str(empty), *no_caps],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "setting the kernel RDMA netns mode failed" in out.stdout + out.stderr
+
+
 def test_the_daemon_starts_with_the_configmap_config_and_its_probe_passes(tmp_path: Path):
     """The main container's command with the ConfigMap's dp.yaml, paths moved under tmp_path, run
     with the manifest's capabilities (none): it registers, serves and writes its health file."""
