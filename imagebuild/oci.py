@@ -45,25 +45,33 @@ def plain_layer(tar_bytes: bytes) -> Layer:
     return Layer(tar_bytes, LAYER_TAR, digest(tar_bytes))
 
 
-def write_archive(out: Path, name: str, layers: list[Layer], config: dict, labels: dict | None = None) -> str:
+def write_archive(out: Path, name: str, layers: list[Layer], config: dict, labels: dict | None = None,
+                  created: str | None = None) -> str:
     """Write the image `name` (repository:tag) as an OCI layout tar; returns the manifest digest.
 
-    config: the image config's "config" part (Entrypoint, Cmd, Env, WorkingDir, ...)."""
+    config: the image config's "config" part (Entrypoint, Cmd, Env, WorkingDir, ...). labels go
+    into the config (what `docker/podman inspect` and `crictl inspecti` show) and, as annotations,
+    into the manifest (what registries and `skopeo inspect --raw` show); created (RFC 3339) is the
+    config's "created"."""
     image_config = dict(config)
     if labels:
         image_config["Labels"] = labels
-    config_blob = json.dumps({
-        "architecture": arch(), "os": "linux", "config": image_config,
-        "rootfs": {"type": "layers", "diff_ids": [layer.diff_id for layer in layers]},
-    }, sort_keys=True).encode()
-    manifest = json.dumps({
+    document = {"architecture": arch(), "os": "linux", "config": image_config,
+                "rootfs": {"type": "layers", "diff_ids": [layer.diff_id for layer in layers]}}
+    if created:
+        document["created"] = created
+    config_blob = json.dumps(document, sort_keys=True).encode()
+    manifest_document = {
         "schemaVersion": 2,
         "mediaType": "application/vnd.oci.image.manifest.v1+json",
         "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
                    "digest": digest(config_blob), "size": len(config_blob)},
         "layers": [{"mediaType": layer.media_type, "digest": digest(layer.data), "size": len(layer.data)}
                    for layer in layers],
-    }, sort_keys=True).encode()
+    }
+    if labels:
+        manifest_document["annotations"] = labels
+    manifest = json.dumps(manifest_document, sort_keys=True).encode()
     index = json.dumps({
         "schemaVersion": 2,
         "mediaType": "application/vnd.oci.image.index.v1+json",

@@ -1,4 +1,5 @@
-"""`rdma-netns-dp`: the device plugin daemon (serve), and its `devices` and `probe` helpers."""
+"""`rdma-netns-dp`: the device plugin daemon (serve), and its `kernel-mode`, `devices` and `probe`
+helpers."""
 
 from __future__ import annotations
 
@@ -37,6 +38,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="status file for liveness probes (default /run/rdma-netns-dp/health.json)")
     serve.add_argument("--ensure-kernel-mode", dest="ensureKernelMode", action="store_const", const=True,
                        help="RDMA for non-hostNetwork pods: set the kernel's RDMA netns mode if it can be")
+    serve.add_argument("--no-ensure-kernel-mode", dest="ensureKernelMode", action="store_const", const=False,
+                       help="leave the kernel's mode alone, only check it (`kernel-mode` set it before: the "
+                            "DaemonSet's init container, so that the daemon needs no CAP_NET_ADMIN)")
     serve.add_argument("--pod-grants-socket", dest="podGrantsSocket",
                        help="the grants broker's socket the CNI asks which devices kubelet gave a pod "
                             "(default /run/rdma-netns/pod-grants.sock; \"\" turns it off)")
@@ -48,6 +52,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--sysfs-root", dest="sysfsRoot", help=argparse.SUPPRESS)
     serve.add_argument("--dev-root", dest="devRoot", help=argparse.SUPPRESS)
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    mode = sub.add_parser("kernel-mode", help="set the kernel's RDMA netns mode as the config needs (when "
+                          "ensureKernelMode is true; otherwise only check it) and exit: the one step "
+                          "that needs CAP_NET_ADMIN, run before the daemon")
+    mode.add_argument("--config", help="the daemon's config file (its mode, ensureKernelMode, sysfsRoot)")
+    mode.add_argument("--sysfs-root", dest="sysfsRoot", help=argparse.SUPPRESS)
+    mode.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     devices = sub.add_parser("devices", help="print the RDMA devices found and exit")
     devices.add_argument("--json", action="store_true")
     devices.add_argument("--sysfs-root", default="/sys", help=argparse.SUPPRESS)
@@ -81,6 +91,35 @@ def _serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     return daemon.run()
+
+
+def _kernel_mode(args: argparse.Namespace) -> int:
+    """Exit 0 when the kernel's mode is as needed, was set, cannot be checked (no RDMA core) or is
+    blocked by other namespaces (a node with pods: the daemon marks the units Unhealthy and says
+    why); 1 when the kernel refused for another reason (no CAP_NET_ADMIN, ...); 2 for a bad config."""
+    import logging
+
+    from rdma_netns_dp import kernel_mode, log
+    from rdma_netns_dp.config import ConfigError, load
+
+    overrides = {"sysfsRoot": args.sysfsRoot} if args.sysfsRoot else {}
+    try:
+        config = load(args.config, overrides)
+    except ConfigError as exc:
+        print(f"rdma-netns-dp: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    log.setup(args.log_level)
+    from rdma_netns.kernel.rdma_devices import DeviceSysfs
+
+    sysfs = DeviceSysfs(config.sysfsRoot)
+    wanted = kernel_mode.resolve(config.mode, sysfs)
+    if not config.ensureKernelMode:
+        why = kernel_mode.mismatch(wanted, sysfs)
+        logging.getLogger("rdma_netns_dp.kernel_mode").log(
+            logging.WARNING if why else logging.INFO, why or "kernel RDMA netns mode is as needed",
+            extra={"mode": wanted})
+        return 0
+    return 1 if kernel_mode.ensure(wanted, sysfs) == kernel_mode.FAILED else 0
 
 
 def _devices(args: argparse.Namespace) -> int:
@@ -130,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
         argv.insert(0, "serve")
     args = _parser().parse_args(argv)
-    return {"serve": _serve, "devices": _devices, "probe": _probe}[args.command](args)
+    return {"serve": _serve, "kernel-mode": _kernel_mode, "devices": _devices, "probe": _probe}[args.command](args)
 
 
 if __name__ == "__main__":

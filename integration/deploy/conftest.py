@@ -25,6 +25,11 @@ class BuiltImage:
     archive: Path
     facts: dict
 
+    @property
+    def pinned(self) -> str:
+        """The reference by digest the build printed (repository@sha256:...), as docs/install.md pins it."""
+        return self.facts["pinned"]
+
 
 def need_root_and_containerd17() -> None:
     why = None
@@ -54,9 +59,9 @@ def images(tmp_path_factory) -> dict[str, BuiltImage]:
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         facts = json.loads(proc.stdout.strip().splitlines()[-1])
         built[label] = BuiltImage(facts["image"], release, Path(facts["archive"]), facts)
-        REPORT.append(f"image {label}: {facts['image']} built in {facts['seconds']} s; archive "
+        REPORT.append(f"image {label}: {facts['pinned']} built in {facts['seconds']} s; archive "
                       f"{facts['archiveBytes'] / 2**20:.0f} MiB, release folder (what lands on the host) "
-                      f"{facts['releaseBytes'] / 2**20:.0f} MiB")
+                      f"{facts['releaseBytes'] / 2**20:.0f} MiB; Debian packages as of {facts['debianDate']}")
     return built
 
 
@@ -67,6 +72,7 @@ def node(images):
     try:
         for image in images.values():
             n.rig.import_image(image.archive)
+            n.pin(image.name, image.facts["digest"], image.pinned)  # docs/install.md, "Pin the image"
         yield n
     finally:
         n.close()

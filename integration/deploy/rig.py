@@ -6,7 +6,7 @@ installs it" lists the same):
 
 | manifest | here |
 | --- | --- |
-| image `registry.example.com/...` | the image scripts/build-image.sh built, imported with `ctr images import` |
+| image `registry.example.com/...` | the image scripts/build-image.sh built, imported with `ctr images import`, its digest checked and named (`ctr images tag`), and pinned by digest (`...@sha256:`) in the DaemonSets |
 | hostPath /etc/cni/net.d, /opt/cni/bin | the rig containerd's CNI conf and bin folders (its own, so the machine's are never touched) |
 | hostPath /sys | a fake sysfs tree with two Soft-RoCE-shaped devices on the rig's rails (this kernel has no RDMA) |
 | dp.yaml `devRoot` | that tree's /dev (char nodes 1:3); the CNI is told the same with RDMA_NETNS_SYSFS_ROOT / RDMA_NETNS_DEV_ROOT in containerd's environment |
@@ -168,6 +168,16 @@ class DeployNode:
         """A pod without rdma/hca."""
         return {"containers": [{"name": "app", "image": image,
                                 "command": ["/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"]}]}
+
+    def pin(self, name: str, digest: str, pinned: str) -> None:
+        """docs/install.md's steps after `ctr images import`: the digest containerd recorded must be
+        the one the build printed; then the image is named by it, so that a pod spec that pins the
+        digest finds it (containerd's CRI resolves only names it holds, and takes any digest name
+        `ctr images tag` gives it: the check first is what makes the pin mean something)."""
+        ctr = [self.rig.containerd.tool("ctr"), "-a", self.rig.socket, "-n", "k8s.io"]
+        listed = {line.split()[0]: line.split()[2] for line in sh(*ctr, "images", "ls").stdout.splitlines()[1:]}
+        assert listed.get(name) == digest, f"containerd holds {name} as {listed.get(name)}, the build made {digest}"
+        sh(*ctr, "images", "tag", name, pinned)
 
     # -- what the node shows -------------------------------------------------------------------------
 

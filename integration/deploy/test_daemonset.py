@@ -9,6 +9,7 @@ installed with image A; B after the rolling update; nothing after the uninstall.
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import statistics
@@ -39,7 +40,7 @@ def pod_name(label: str) -> str:
 def install(node: DeployNode, image) -> RunningPod:
     """The DaemonSet's pod on the node: sandbox (hostNetwork), install-cni to completion, the device
     plugin and the watcher, Ready by the manifest's own readiness probe."""
-    spec = node.daemonset_spec(image.name)
+    spec = node.daemonset_spec(image.pinned)  # by digest, as docs/install.md says to
     return node.kubelet_driver.run(spec, pod_name("rdma-netns-dp"), "kube-system", ready_timeout=120)
 
 
@@ -51,7 +52,7 @@ def test_install_the_daemonset_registers_the_plugin_and_chains_the_entry(node, i
     started = time.monotonic()
     ds = install(node, images["a"])
     STATE["ds"] = ds
-    assert ds.init_exit == {"install-cni": 0}
+    assert ds.init_exit == {"kernel-mode": 0, "install-cni": 0}
     assert node.launcher_release() == images["a"].release, "the launcher runs image A's release from the host"
     registered = node.kubelet.wait_registrations(1, 30)
     assert registered[-1].request.resource_name == RESOURCE
@@ -70,6 +71,86 @@ def test_install_the_daemonset_registers_the_plugin_and_chains_the_entry(node, i
     REPORT.append(f"DaemonSet pod (image A) Ready {ds.ready_after:.1f} s after RunPodSandbox "
                   f"({time.monotonic() - started:.1f} s with admission); on the host: {release} "
                   f"{size / 2**20:.0f} MiB + the launcher")
+
+
+def capabilities(status: str) -> dict[str, int]:
+    found = {}
+    for line in status.splitlines():
+        key, _, value = line.partition(":\t")
+        if key in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+            found[key] = int(value, 16)
+    return found
+
+
+def test_the_daemon_runs_without_capabilities_and_the_kernel_mode_step_ran_before_it(node):
+    """Least privilege (issue 36): the kernel's RDMA netns mode was checked by the init container
+    `kernel-mode` (NET_ADMIN), and the long-running daemon, registered and healthy above, holds no
+    capability at all, nor can gain one."""
+    ds = STATE["ds"]
+    log = node.kubelet_driver.logs(ds, "kernel-mode")
+    assert "kernel RDMA netns mode is as needed" in log, log[-2000:]
+    # The pod's processes share one PID namespace (PID 1 is the sandbox's pause): find the daemon.
+    find = ('for d in /proc/[0-9]*; do case "$(tr "\\0" " " < "$d/cmdline" 2>/dev/null)" in '
+            '*rdma-netns-d[p]*--confi[g]*) cat "$d/status"; tr "\\0" " " < "$d/cmdline";; esac; done')
+    reply = node.kubelet_driver.exec(ds, "rdma-netns-dp", ["/bin/sh", "-c", find])
+    assert reply.exit_code == 0, reply.stderr
+    status = reply.stdout.decode()
+    assert status.count("Name:") == 1 and "--no-ensure-kernel-mode" in status, status
+    assert capabilities(status) == dict.fromkeys(("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"), 0), status
+    assert "NoNewPrivs:\t1" in status
+    assert node.kubelet_driver.probe(ds, "rdma-netns-dp", "readinessProbe")
+
+
+def test_the_image_carries_its_sbom_lock_and_dates(images):
+    """imagebuild's supply chain, read from the archive that was deployed: the SBOM in the image is
+    the one next to the archive and names every Debian package of the image, every Python
+    distribution of the release with the lock's hashes, and the release's interpreter and
+    libraries; the labels date the Debian packages; nothing the containers do not use is left."""
+    import tarfile
+
+    from imagebuild import lock
+
+    facts = images["a"].facts
+    with tarfile.open(images["a"].archive) as oci:
+        def blob(digest: str) -> bytes:
+            return oci.extractfile(f"blobs/sha256/{digest.split(':')[1]}").read()
+
+        index = json.loads(oci.extractfile("index.json").read())
+        assert index["manifests"][0]["digest"] == facts["digest"]
+        manifest = json.loads(blob(facts["digest"]))
+        config = json.loads(blob(manifest["config"]["digest"]))
+        labels = config["config"]["Labels"]
+        assert manifest["annotations"] == labels
+        assert labels["org.opencontainers.image.created"] == config["created"]
+        assert labels["io.rdma-netns.debian.date"] == facts["debianDate"] and "security" in labels["io.rdma-netns.debian.suites"]
+        names: dict[str, bytes] = {}
+        dpkg_status = ""
+        with tarfile.open(fileobj=io.BytesIO(blob(manifest["layers"][0]["digest"]))) as layer:
+            members = layer.getnames()
+            files = [m.name for m in layer.getmembers() if m.isfile()]
+            in_image = layer.extractfile(labels["io.rdma-netns.sbom"].lstrip("/")).read()
+            dpkg_status = layer.extractfile("var/lib/dpkg/status").read().decode()
+    assert in_image == Path(facts["sbom"]).read_bytes(), "the SBOM next to the archive is the image's"
+    sbom = json.loads(in_image)
+    assert sbom["bomFormat"] == "CycloneDX"
+    components = {c["name"]: c for c in sbom["components"]}
+    installed = {line.split(": ", 1)[1] for line in dpkg_status.splitlines() if line.startswith("Package: ")}
+    assert installed <= set(components), installed - set(components)
+    release = f"opt/rdma-netns-ds/{images['a'].release}"
+    dists = {lock.normalize(m.split("/")[-1].removesuffix(".dist-info").rsplit("-", 1)[0]) for m in members
+             if m.startswith(f"{release}/venv/") and m.endswith(".dist-info")}
+    purls = {c["purl"].split("@")[0].removeprefix("pkg:pypi/") for c in sbom["components"] if c.get("purl", "").startswith("pkg:pypi/")}
+    assert dists and dists <= purls, dists - purls
+    hashes = {h["content"] for c in sbom["components"] for h in c.get("hashes", [])}
+    assert all(set(e.hashes) & hashes for e in lock.read()), "every locked wheel's hash is in the SBOM"
+    assert f"/{release}/python/bin/python3.11" in components and f"/{release}/python/lib/libc.so.6" in components
+    assert "python3.11-minimal" in components and "libc6" in components
+    unused = [m for m in files if m.startswith(("usr/bin/apt", "usr/bin/perl", "usr/share/man/", "usr/share/locale/"))
+              or (m.startswith("usr/share/doc/") and m.count("/") > 3 and not m.endswith("/copyright"))
+              or "libsqlite3" in m or "libdb-" in m]
+    assert not unused, unused[:20]
+    REPORT.append(f"image a: {len(installed)} Debian packages in its root, SBOM {len(sbom['components'])} "
+                  f"components; Debian packages as of {facts['debianDate']}")
 
 
 def test_what_the_init_container_left_runs_on_a_host_with_nothing_but_a_kernel(node, images, tmp_path):
@@ -295,7 +376,7 @@ def test_uninstall_leaves_the_node_as_it_was(node, images):
     node.kubelet_driver.stop(pod)
     assert node.chained(), "the entry outlives the DaemonSet's pod, and so does the executable it names"
     assert (node.rig.cni_bin / "rdma-netns").exists()
-    spec = node.daemonset_spec(images["b"].name, "rdma-netns-uninstall.yaml")
+    spec = node.daemonset_spec(images["b"].pinned, "rdma-netns-uninstall.yaml")
     cleaner = node.kubelet_driver.run(spec, pod_name("rdma-netns-uninstall"), "kube-system", ready_timeout=60)
     try:
         assert cleaner.init_exit == {"uninstall-node": 0}, node.kubelet_driver.logs(cleaner, "uninstall-node")

@@ -200,7 +200,97 @@ def test_daemonset_placement_and_privileges():
         assert security["capabilities"]["drop"] == ["ALL"], c["name"]
         assert c["resources"]["requests"] and c["resources"]["limits"], c["name"]
     main = container(pod, "rdma-netns-dp")
-    assert main["securityContext"]["capabilities"]["add"] == ["NET_ADMIN"]
+    assert "add" not in main["securityContext"]["capabilities"], "the daemon keeps no capability"
+
+
+def granted(c: dict) -> set[str]:
+    """The capabilities a container's process gets (runc: the added ones, after dropping ALL)."""
+    caps = c.get("securityContext", {}).get("capabilities", {})
+    assert caps.get("drop") == ["ALL"], f"{c['name']} must drop ALL first"
+    return set(caps.get("add", []))
+
+
+def test_net_admin_only_in_the_kernel_mode_init_container():
+    """Least privilege (issue 36): the kernel-mode step is the only thing that needs CAP_NET_ADMIN
+    in the host's network namespace, and it runs to completion before the daemon starts."""
+    for path in sorted(K8S.glob("*.yaml")):
+        for doc in documents(path):
+            if doc.get("kind") not in ("DaemonSet", "Deployment", "Job"):
+                continue
+            pod = doc["spec"]["template"]["spec"]
+            if not pod.get("hostNetwork"):
+                continue  # a pod's own namespace: not the node's (training-job.yaml)
+            for c in pod["containers"]:
+                assert "NET_ADMIN" not in granted(c), f"{path.name}: long-running {c['name']} has NET_ADMIN"
+                assert not c.get("securityContext", {}).get("privileged"), c["name"]
+            for c in pod.get("initContainers", []):
+                if "NET_ADMIN" in granted(c):
+                    assert c["name"] == "kernel-mode" and granted(c) == {"NET_ADMIN"}, f"{path.name}: {c['name']}"
+    pod = daemonset()["spec"]["template"]["spec"]
+    assert [c["name"] for c in pod["initContainers"]][0] == "kernel-mode", "the mode is set before anything else"
+    init = container(pod, "kernel-mode", init=True)
+    assert granted(init) == {"NET_ADMIN"}
+    assert init["securityContext"]["allowPrivilegeEscalation"] is False
+    assert init["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+def test_the_kernel_mode_step_runs_in_the_init_container_and_not_in_the_daemon():
+    """The init container's command is a real `kernel-mode` call with the daemon's own config, which
+    asks for the step; the daemon's command turns it off (it could not do it without NET_ADMIN)."""
+    from rdma_netns_dp.config import load
+
+    pod = daemonset()["spec"]["template"]["spec"]
+    init = container(pod, "kernel-mode", init=True)
+    main = container(pod, "rdma-netns-dp")
+    init_args = dp_args(init["command"] + init.get("args", []))
+    main_args = dp_args(main["command"] + main.get("args", []))
+    assert init_args.command == "kernel-mode" and init_args.config == main_args.config
+    assert dp_config().ensureKernelMode is True, "the ConfigMap asks for the step"
+    assert main_args.ensureKernelMode is False, "the daemon must not try it (no NET_ADMIN)"
+    for args, c in ((init_args, init), (main_args, main)):
+        mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+        assert mounts[posixpath.dirname(args.config)]["name"] == "config", c["name"]
+        assert mounts["/sys"]["name"] == "sys" and mounts["/sys"]["readOnly"], c["name"]
+    overrides = {k: v for k, v in vars(main_args).items() if v is not None and k not in ("command", "config", "log_level")}
+    assert load(None, overrides).ensureKernelMode is False, "the flag overrides the ConfigMap's true"
+
+
+def as_container(c: dict, argv: list[str]) -> list[str]:
+    """argv run with exactly the capabilities the manifest gives `c` (setpriv: the bounding set
+    and the inheritable set cut to them, as runc does), as uid 0."""
+    setpriv = shutil.which("setpriv") or pytest.skip("needs setpriv (util-linux)")
+    if os.geteuid() != 0:
+        pytest.skip("needs root (to run as the container's uid 0 with its capabilities)")
+    keep = ",".join(f"+{cap.lower()}" for cap in sorted(granted(c)))
+    bounding = "-all" + (f",{keep}" if keep else "")
+    return [setpriv, "--bounding-set", bounding, "--inh-caps", "-all", "--no-new-privs", *argv]
+
+
+def test_the_kernel_mode_init_container_exits_0_on_a_node_in_the_right_mode(tmp_path: Path):
+    """Its command with the ConfigMap's dp.yaml and only NET_ADMIN: a shared-mode kernel is what the
+    shared config needs (exit 0, logged); a tree without RDMA is not an error either."""
+    from tests.fake_rdma_sysfs import FakeRdmaSysfs
+
+    init = container(daemonset()["spec"]["template"]["spec"], "kernel-mode", init=True)
+    config_file = tmp_path / "dp.yaml"
+    config_file.write_text(configmap()["data"]["dp.yaml"])
+    fake = FakeRdmaSysfs(tmp_path / "node", netns_mode="Y")
+    fake.add_pci_device("mlx5_0", "0000:3b:00.0", "eth1")
+    dp = shutil.which("rdma-netns-dp", path=os.path.dirname(sys.executable)) or pytest.fail("no rdma-netns-dp")
+    command = [dp, *init["command"][1:]]
+    command[command.index("--config") + 1] = str(config_file)
+    out = subprocess.run(as_container(init, [*command, "--sysfs-root", str(fake.sys)]),
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "kernel RDMA netns mode is as needed" in out.stdout + out.stderr
+    empty = tmp_path / "no-rdma"
+    empty.mkdir()
+    out = subprocess.run(as_container(init, [*command, "--sysfs-root", str(empty)]),
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and "ib_core not loaded" in out.stdout + out.stderr, out.stdout + out.stderr
+    config_file.write_text("mode: sideways\n")
+    out = subprocess.run([*command, "--sysfs-root", str(fake.sys)], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2 and "invalid configuration" in out.stderr
 
 
 def dp_config():
@@ -311,8 +401,36 @@ def test_the_daemon_can_reach_every_path_its_config_uses():
     assert host_path(entry["podResourcesSocket"]) == entry["podResourcesSocket"]
 
 
+def test_the_kernel_mode_step_exits_1_when_the_kernel_refuses_for_another_reason(tmp_path: Path):
+    """A mode to set and nothing blocking it (no other process's network namespace in sight, no
+    named one), but no CAP_NET_ADMIN: the kernel refuses (EPERM, or no NETLINK_RDMA at all
+    on this machine), which must stop the pod rather than leave the mode silently wrong. Never run
+    with the capability here: it would change this machine's mode."""
+    from tests.fake_rdma_sysfs import FakeRdmaSysfs
+
+    init = container(daemonset()["spec"]["template"]["spec"], "kernel-mode", init=True)
+    config_file = tmp_path / "dp.yaml"
+    config_file.write_text(configmap()["data"]["dp.yaml"])  # mode: shared, ensureKernelMode: true
+    fake = FakeRdmaSysfs(tmp_path / "node", netns_mode="N")  # the kernel in exclusive mode
+    dp = shutil.which("rdma-netns-dp", path=os.path.dirname(sys.executable)) or pytest.fail("no rdma-netns-dp")
+    command = [dp, *init["command"][1:]]
+    command[command.index("--config") + 1] = str(config_file)
+    no_caps = as_container({"name": "none", "securityContext": {"capabilities": {"drop": ["ALL"]}}},
+                           [*command, "--sysfs-root", str(fake.sys)])
+    empty = tmp_path / "no-netns"
+    empty.mkdir()
+    # Its own PID and mount namespaces: no other process in /proc, an empty /run/netns (private
+    # mounts: the machine's stay as they are).
+    hide = 'if [ -d /run/netns ]; then mount --bind "$0" /run/netns; fi; exec "$@"'
+    out = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", hide, str(empty), *no_caps],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "setting the kernel RDMA netns mode failed" in out.stdout + out.stderr
+
+
 def test_the_daemon_starts_with_the_configmap_config_and_its_probe_passes(tmp_path: Path):
-    """The main container's command with the ConfigMap's dp.yaml, paths moved under tmp_path."""
+    """The main container's command with the ConfigMap's dp.yaml, paths moved under tmp_path, run
+    with the manifest's capabilities (none): it registers, serves and writes its health file."""
     from tests.fake_rdma_sysfs import FakeRdmaSysfs
 
     pod = daemonset()["spec"]["template"]["spec"]
@@ -335,7 +453,8 @@ def test_the_daemon_starts_with_the_configmap_config_and_its_probe_passes(tmp_pa
     probe = main["livenessProbe"]["exec"]["command"]
     probe = [dp, *probe[1:]]
     probe[probe.index("--health-file") + 1] = str(health)
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # With the manifest's capabilities (none): everything the daemon does must work without them.
+    proc = subprocess.Popen(as_container(main, command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 20
         while not health.exists() and proc.poll() is None and time.monotonic() < deadline:
