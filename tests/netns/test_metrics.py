@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.dp.conftest import dp_binary, soft_roce_gid_tables
+from tests.dp.conftest import HOST_GID_TABLE, dp_binary, soft_roce_gid_tables
 from tests.fake_rdma_sysfs import standard_host
 from tests.kubelet_standin import KubeletStandIn, PodResourcesStandIn
 from tests.netns.conftest import ip
@@ -68,7 +68,7 @@ class Monitored:
     def __init__(self, node) -> None:
         self.node = node
         self.base = Path(tempfile.mkdtemp(prefix="rnm-", dir="/tmp"))  # short: unix socket paths
-        self.fake = soft_roce_gid_tables(standard_host(self.base / "host", "Y", soft=True))
+        self.fake = soft_roce_gid_tables(standard_host(self.base / "host", "Y", soft=True), HOST_GID_TABLE)
         self.kubelet_dir = self.base / "k"
         self.pod_resources = PodResourcesStandIn(self.kubelet_dir / "pod-resources" / "kubelet.sock")
         self.kubelet = KubeletStandIn(self.kubelet_dir / "device-plugins", pod_resources=self.pod_resources)
@@ -237,7 +237,7 @@ def test_prometheus_sees_what_the_node_and_its_cni_calls_did(node, monitored):
     assert m.value("rdma_netns_kernel_mode_mismatch") == 0
     ports = {r["metric"]["device"] for r in m.query("rdma_netns_port_up == 1")["result"]}
     assert {"mlx5_0", "rxe0"} <= ports, ports
-    assert m.value('rdma_netns_gid_entries{device="rxe0",port="1"}') == 1024
+    assert m.value('rdma_netns_gid_entries{device="rxe0",port="1"}') == HOST_GID_TABLE
     assert m.value('rdma_netns_gid_entries_per_address{device="rxe0",port="1"}') == 1
     m.wait_value('rdma_netns_rail_pods{netdev="rail0"}', 2)
     assert m.value('rdma_netns_rail_pods{netdev="rail1"}') == 2
@@ -305,13 +305,14 @@ def test_a_kubelet_restart_a_port_going_down_and_a_filling_gid_table_show(node, 
     m.wait_value('rdma_netns_port_up{device="mlx5_3",port="1"}', 0)
     m.wait_value('rdma_netns_port_state{device="mlx5_3",port="1",state="DOWN"}', 1)
 
-    # rxe0's table: fill all but 3 entries with the host's own addresses (a netdev of this node, so
-    # not pods'): the node then takes 3 more RDMA pods, and only 3 units stay Healthy.
+    # rxe0's table: fill all but 6 entries with the host's own addresses (a netdev of this node, so
+    # not pods'): the node then takes 3 more RDMA pods (two addresses each: their own and their
+    # rail's link-local one), and only 3 units stay Healthy.
     host_netdev = sorted(p.name for p in (m.fake.sys / "class" / "net").iterdir())[0]
     used = m.value('rdma_netns_gid_entries_used{device="rxe0",port="1"}')
-    for i in range(int(1024 - used - 3)):
+    for i in range(int(HOST_GID_TABLE - used - 6)):
         m.fake.add_gid("rxe0", f"fd00:0099:0000:0000:0000:0000:{i >> 16:04x}:{i & 0xffff:04x}", host_netdev)
-    m.wait_value('rdma_netns_gid_free_addresses{device="rxe0",port="1"}', 3, timeout=60)
+    m.wait_value('rdma_netns_gid_free_addresses{device="rxe0",port="1"}', 6, timeout=60)
     assert m.value('rdma_netns_gid_entries_in_pods{device="rxe0",port="1"}') == 0
     m.wait_value('rdma_netns_units_healthy{resource="rdma/hca"}', 3, timeout=60)
     assert m.value('rdma_netns_units{resource="rdma/hca"}') == 1000
