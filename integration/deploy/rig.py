@@ -98,7 +98,9 @@ class DeployNode:
             self.fake = FakeRdmaSysfs(work / "fake")
             for i, rail in enumerate(self.rig.rails):
                 self.fake.add_soft_device(f"rxe{i}", rail)
-                self.fake.soft_gid_table(f"rxe{i}")  # the device plugin counts free entries
+                # The device plugin counts free entries: twice Soft-RoCE's 1024, so that at two
+                # addresses per pod (the default addressesPerPod) all 1000 units stay Healthy.
+                self.fake.soft_gid_table(f"rxe{i}", table=2048)
                 # The kernel's part, done ahead: a fake tree cannot see addresses appear, so the
                 # RoCE v2 GIDs of the first PREFILLED addresses of the node's range are there already
                 # (ndev: the pod interface's name), and ADD's GID wait finds its pod's.
