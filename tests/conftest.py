@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import hypothesis_profiles  # noqa: F401  (loads CI's deterministic profile, or HYPOTHESIS_PROFILE)
+
 REPO = Path(__file__).resolve().parent.parent
 CNI_BIN_DIR = os.environ.get("RDMA_NETNS_CNI_PATH", "/usr/lib/cni")
 

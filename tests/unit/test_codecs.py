@@ -9,6 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.hypothesis_profiles import examples
+
 from rdma_netns import jsonio
 from rdma_netns.kernel.inet import Prefix
 
@@ -28,7 +30,7 @@ def test_jsonio_round_trips_like_json(value):
 
 
 @given(st.text(max_size=60))
-@settings(max_examples=400)
+@settings(max_examples=examples(400))
 def test_jsonio_accepts_and_rejects_what_json_does(text):
     try:
         expected = json.loads(text)

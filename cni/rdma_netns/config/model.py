@@ -45,7 +45,10 @@ class Strict(BaseModel):
 
 
 class Ipam(BaseModel):
-    """An IPAM delegate's config: its own schema, but it must name a plugin binary."""
+    """An IPAM delegate's config: its own schema, but it must name a plugin binary, and the keys
+    the plugin itself reads (ipam.py shares host-local calls by `ranges`; status reads `dataDir`;
+    netconf.py tells static rails by `ranges`/`subnet`) must have host-local's types, so that a
+    wrong one is a config error naming the key rather than a crash in ADD."""
 
     model_config = ConfigDict(extra="allow")
     type: str
@@ -56,6 +59,54 @@ class Ipam(BaseModel):
         if not PLUGIN_TYPE.match(value) or value in (".", ".."):
             raise ValueError(f"IPAM type {value!r} is not a plugin name")
         return value
+
+    @model_validator(mode="after")
+    def _keys_the_plugin_reads(self) -> Ipam:
+        problem = ipam_key_problem(self.model_extra or {})
+        if problem:
+            raise ValueError(problem)
+        return self
+
+
+# host-local's types for the IPAM keys rdma-netns reads itself (names as host-local spells them).
+IPAM_STRING_KEYS = ("subnet", "rangeStart", "rangeEnd", "gateway")
+
+
+def ipam_key_problem(ipam: dict) -> str | None:
+    """The first IPAM key (its path, e.g. `ranges.0.1.subnet`) whose type is not host-local's, or
+    None. ranges: a list of range sets, each a list of objects whose subnet/rangeStart/rangeEnd/
+    gateway are strings; routes: a list of objects with a string dst (and gw); dataDir: an absolute
+    path."""
+    for key in IPAM_STRING_KEYS:
+        if key in ipam and not isinstance(ipam[key], str):
+            return f"{key} must be a string"
+    if "ranges" in ipam:
+        ranges = ipam["ranges"]
+        if not isinstance(ranges, list):
+            return "ranges must be a list of range sets (lists of {\"subnet\": ...} objects)"
+        for i, range_set in enumerate(ranges):
+            if not isinstance(range_set, list):
+                return f"ranges.{i} must be a list of ranges ({{\"subnet\": ...}} objects)"
+            for j, entry in enumerate(range_set):
+                if not isinstance(entry, dict):
+                    return f"ranges.{i}.{j} must be an object like {{\"subnet\": \"fd00:1::/64\"}}"
+                for key in IPAM_STRING_KEYS:
+                    if key in entry and not isinstance(entry[key], str):
+                        return f"ranges.{i}.{j}.{key} must be a string"
+    if "routes" in ipam:
+        routes = ipam["routes"]
+        if not isinstance(routes, list):
+            return "routes must be a list of {\"dst\": ...} objects"
+        for i, route in enumerate(routes):
+            if not isinstance(route, dict) or not isinstance(route.get("dst"), str):
+                return f"routes.{i} must be an object with a string dst, like {{\"dst\": \"fd00::/16\"}}"
+            if "gw" in route and not isinstance(route["gw"], str):
+                return f"routes.{i}.gw must be a string"
+    if "dataDir" in ipam:
+        data_dir = ipam["dataDir"]
+        if not isinstance(data_dir, str) or not data_dir.startswith("/") or "\0" in data_dir:
+            return "dataDir must be an absolute folder path"
+    return None
 
 
 # host-local keys that say where addresses come from: rangeFromNodeAddress writes them itself.
@@ -260,6 +311,7 @@ def describe_errors(exc: Exception) -> str:
     for err in errors():
         where = ".".join(str(p) for p in err.get("loc", ())) or "config"
         reason = "unknown field" if err.get("type") == "extra_forbidden" else err.get("msg", "invalid")
+        reason = reason.removeprefix("Value error, ")  # pydantic's prefix for our own checks' messages
         parts.append(f"{where}: {reason}")
     return "; ".join(parts)
 
