@@ -20,7 +20,7 @@ import re
 import shlex
 from collections import Counter
 
-from rdma_netns.admin.status import DEFAULT_CNI_STATE_DIR, DEFAULT_IPAM_DIR, OK, WARN, Attachment, Check, Context
+from rdma_netns.admin.status_context import DEFAULT_CNI_STATE_DIR, DEFAULT_IPAM_DIR, OK, WARN, Attachment, Check, Context
 
 G = "Attachments"
 RAIL_IFNAME = re.compile(r"rdma\d+")  # a rail's default pod-side name

@@ -12,7 +12,7 @@ import os
 
 from rdma_netns import mode_policy
 from rdma_netns.admin import mode as mode_cmd
-from rdma_netns.admin.status import FAIL, OK, WARN, Check, Context
+from rdma_netns.admin.status_context import FAIL, OK, WARN, Check, Context
 from rdma_netns.kernel.rdma_devices import RdmaDevice
 from rdma_netns.kernel.rdma_sysfs import GidUsage, RdmaPort
 
