@@ -24,6 +24,8 @@ from prometheus_client.process_collector import ProcessCollector
 
 from rdma_netns.kubelet import podresources
 from rdma_netns.state import all_records, read_state
+from rdma_netns_dp.gid_audit_metrics import INTERVAL as GID_AUDIT_INTERVAL
+from rdma_netns_dp.gid_audit_metrics import GidAuditCollector
 
 if TYPE_CHECKING:
     from rdma_netns_dp.daemon import Daemon
@@ -65,8 +67,14 @@ class DaemonMetrics:
         for command in CNI_COMMANDS:  # every command's series exist from the start (rate() needs a 0)
             self.cni_seconds.labels(command)
         self.server = None
+        self.gid_audit: GidAuditCollector | None = None
         if daemon is not None:
             self.registry.register(NodeCollector(daemon))
+            # audited in its own thread (every 10 discovery passes, at most every 30 s); scrapes read the result
+            self.gid_audit = GidAuditCollector(daemon.sysfs, lambda: daemon.last_discovery[1],
+                                               daemon.config.cniStateDir,
+                                               min(GID_AUDIT_INTERVAL, 10 * daemon.config.healthIntervalSeconds))
+            self.registry.register(self.gid_audit)
 
     def cni_event(self, command: str, code: int, seconds: float, pairing: str, granted: bool | None) -> None:
         self.cni_calls.labels(command, str(code)).inc()
@@ -83,9 +91,13 @@ class DaemonMetrics:
     def serve(self, address: str, port: int) -> int:
         """Serve /metrics; returns the port (the one the kernel chose when `port` is 0)."""
         self.server, _thread = start_http_server(port, address, registry=self.registry)
+        if self.gid_audit is not None:
+            self.gid_audit.start()
         return self.server.server_port
 
     def stop(self) -> None:
+        if self.gid_audit is not None:
+            self.gid_audit.stop()
         if self.server is not None:
             self.server.shutdown()
             self.server.server_close()

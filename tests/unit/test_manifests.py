@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import tempfile
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -618,3 +619,19 @@ def test_metrics_port_probe_and_annotations_agree():
 
     assert dp_config().metrics.cniEventsFifo == DEFAULT_PATH
     assert os.path.dirname(DEFAULT_PATH) == os.path.dirname(dp_config().podGrantsSocket)
+
+
+def test_the_admission_policy_in_security_md_is_valid_kubernetes():
+    """docs/security.md's ValidatingAdmissionPolicy (no NET_ADMIN in pods with rails, issue 36),
+    as an admin copies it: strict against the newest schemas (the policy's v1 is 1.30+)."""
+    text = (REPO / "docs" / "security.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in text.split("```yaml\n")[1:]]
+    docs = [d for b in blocks for d in yaml.safe_load_all(textwrap.dedent(b)) if d]
+    assert [d["kind"] for d in docs] == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+    for doc in docs:
+        kubernetes_validate.validate(doc, kubernetes_validate.latest_version(), strict=True)
+    policy, binding = docs
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert "'rdma/hca'" in policy["spec"]["variables"][1]["expression"]
+    assert "NET_ADMIN" in policy["spec"]["validations"][0]["expression"]
