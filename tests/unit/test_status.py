@@ -39,7 +39,7 @@ class Node:
         for folder in (self.conf_dir, self.bin_dir, self.state_dir, self.ipam_dir, self.kubelet_dir):
             folder.mkdir(parents=True)
         self.ipam = {"type": "host-local", "ranges": [[{"subnet": "fd00:1::/64"}]], "dataDir": str(self.ipam_dir)}
-        self.entry = {"type": "rdma-netns", "mode": "shared", "ipam": self.ipam,
+        self.entry = {"type": "rdma-netns", "mode": "shared", "pairing": False, "ipam": self.ipam,
                       "rails": [{"netdev": "eth1", "ifname": "rdma0"}, {"netdev": "ens1f0", "ifname": "rdma1"}]}
         self.entry_file = root / "entry.json"
         self.entry_file.write_text(json.dumps(self.entry))

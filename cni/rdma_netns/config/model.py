@@ -190,6 +190,9 @@ class NetConf(Strict):
     capabilities: dict[str, bool] | None = None
     # Pairing with the device plugin: attach only pods kubelet granted units of this resource.
     resourceName: str | None = None
+    # false: attach every pod that reaches this network, on purpose (no kubelet: Podman, the demo;
+    # or the rails are every pod's only network). Without it a config must name resourceName.
+    pairing: bool | None = None
     podResourcesSocket: str = DEFAULT_POD_RESOURCES_SOCKET
     podResourcesTimeoutMs: int = Field(default=DEFAULT_POD_RESOURCES_TIMEOUT_MS, ge=1, le=MAX_POD_RESOURCES_TIMEOUT_MS)
     podGrantsSocket: str = DEFAULT_POD_GRANTS_SOCKET
@@ -265,7 +268,21 @@ class NetConf(Strict):
             if not self.rails and self.ipam is None:
                 raise ValueError("ipam is required (top-level, or per rail)")
         self._node_ranges_fit()
+        self._pairing_said()
         return self
+
+    def _pairing_said(self) -> None:
+        """A config pairs attachments with kubelet's grants (resourceName) or says it does not
+        (`pairing: false`): left out by mistake, any pod that names the network would get rails,
+        fabric addresses and GID entries without being granted rdma/hca (issue 36)."""
+        if self.resourceName is not None and self.pairing is False:
+            raise ValueError("resourceName pairs pods with kubelet's grants and \"pairing\": false turns that off: "
+                             "keep one of them")
+        if self.resourceName is None and self.pairing is not False:
+            raise ValueError("resourceName is missing: without it every pod that names this network gets rails, "
+                             "not only pods granted the device plugin's resource. Add \"resourceName\": \"rdma/hca\" "
+                             "(the device plugin's resource), or, where no kubelet pairs pods (Podman, a demo) or "
+                             "the rails are every pod's network, say so with \"pairing\": false")
 
     def _node_ranges_fit(self) -> None:
         """rangeFromNodeAddress fills host-local's ranges: the IPAM must be host-local without its
