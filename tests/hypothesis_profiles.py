@@ -19,9 +19,12 @@ from hypothesis import settings
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
 SEARCH_FACTOR = int(os.environ.get("HYPOTHESIS_SEARCH_FACTOR", "20"))
 
-settings.register_profile("ci", derandomize=True, database=None, max_examples=100, print_blob=True)
+# No deadline: these tests prove what the code does, not how fast; on a loaded 2-core machine a
+# 0.07 ms example once took 269 ms and hypothesis' default 200 ms deadline failed it (the first
+# search run, issue 36). Time limits live in tests of their own.
+settings.register_profile("ci", derandomize=True, database=None, max_examples=100, deadline=None, print_blob=True)
 settings.register_profile("search", derandomize=False, database=None, max_examples=100 * SEARCH_FACTOR,
-                          print_blob=True)
+                          deadline=None, print_blob=True)
 settings.load_profile(PROFILE)
 
 
