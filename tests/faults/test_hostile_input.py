@@ -99,7 +99,7 @@ def test_any_bytes_on_stdin(hnode, command, data):
 # make the plugin (or host-local) write outside the test's folders.
 TOP_KEYS = ["cniVersion", "name", "type", "mode", "link", "linkMode", "rails", "ipam", "requireRdma", "gidWaitMs",
             "routeTableBase", "rulePriorityBase", "ipamTimeoutSeconds", "lockTimeoutSeconds", "mtu", "dns",
-            "runtimeConfig", "args", "prevResult", "capabilities"]
+            "runtimeConfig", "args", "prevResult", "capabilities", "pairing", "resourceName", "deviceID"]
 RAIL_KEYS = ["netdev", "rdmaDevice", "pciAddress", "ifname", "ipam", "mtu"]
 hostile_values = (json_values | st.sampled_from([
     "lo", "rail0", "rail1", "rail0p", "rail0 ", "ra\u00efl0", "rail0/../rail1", "-1", 0, -1, 2**31, 2**63, 1e308,
