@@ -53,6 +53,7 @@ cat > "$CONF" <<JSON
   "type": "rdma-netns",
   "mode": "shared",
   "link": "macvlan",
+  "pairing": false,
   "requireRdma": false,
   "stateDir": "$STATE",
   "rails": [

@@ -6,4 +6,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 integration/guest/fetch-kernel.sh >/dev/null  # idempotent; cached after the first run
-exec .venv/bin/python -m pytest -q -rs "$@"
+# A test that leaves files in the machine's own CNI/CDI folders fails (tests/conftest.py).
+RDMA_NETNS_CHECK_LEAKS=1 exec .venv/bin/python -m pytest -q -rs "$@"

@@ -12,8 +12,40 @@ from pathlib import Path
 
 import pytest
 
+from tests import hypothesis_profiles  # noqa: F401  (loads CI's deterministic profile, or HYPOTHESIS_PROFILE)
+
 REPO = Path(__file__).resolve().parent.parent
 CNI_BIN_DIR = os.environ.get("RDMA_NETNS_CNI_PATH", "/usr/lib/cni")
+
+
+# The machine's own places a test could leave files in through a default path (a config without
+# stateDir, podInfoDir or cdiSpecDir, a host-local without dataDir), and / itself (a "nonexistent"
+# stateDir made real). Tests use their own temp folders; RDMA_NETNS_CHECK_LEAKS=1 (scripts/test.sh
+# sets it: CI runs one suite at a time) fails a test that leaves anything new in them.
+LEAK_WATCH = ("/var/lib/cni/rdma-netns", "/run/rdma-netns", "/run/cdi", "/etc/cdi", "/var/lib/cni/networks",
+              "/etc/cni/net.d", "/opt/cni/bin")
+
+
+def machine_paths() -> set[str]:
+    """Everything under LEAK_WATCH, and the names at /."""
+    found = {f"/{name}" for name in os.listdir("/")}
+    for top in LEAK_WATCH:
+        for folder, dirs, files in os.walk(top):
+            found.add(folder)
+            found.update(os.path.join(folder, name) for name in dirs + files)
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _leaves_nothing_on_the_machine():
+    if os.environ.get("RDMA_NETNS_CHECK_LEAKS") != "1":
+        yield
+        return
+    before = machine_paths()
+    yield
+    left = sorted(machine_paths() - before)
+    if left:
+        pytest.fail(f"the test left files on the machine (use the test's own folders): {left[:10]}")
 
 
 def installed_executable() -> str:

@@ -119,7 +119,7 @@ def recorded(rail_states: list[dict]) -> list[Request]:
 
 def _single(requests: list[Request], n: int) -> Call:
     req = requests[n]
-    return Call(req.ipam, req.holder or req.ifname, [n], [len(req.ipam.get("ranges") or ())], [req.ifname])
+    return Call(req.ipam, req.holder or req.ifname, [n], [len(_range_sets(req.ipam))], [req.ifname])
 
 
 def _shared(requests: list[Request], members: list[int]) -> Call:
@@ -127,11 +127,18 @@ def _shared(requests: list[Request], members: list[int]) -> Call:
     ranges: list = []
     sizes: list[int] = []
     for n in members:
-        own = requests[n].ipam.get("ranges") or []
+        own = _range_sets(requests[n].ipam)
         ranges.extend(own)
         sizes.append(len(own))
     conf = dict(first.ipam, ranges=ranges)
     return Call(conf, first.holder or first.ifname, members, sizes, [requests[n].ifname for n in members])
+
+
+def _range_sets(conf: dict) -> list:
+    """The config's range sets; none when `ranges` is absent or not a list (the config model
+    refuses that at ADD; a record of an older version must still be torn down)."""
+    ranges = conf.get("ranges")
+    return ranges if isinstance(ranges, list) else []
 
 
 def _sharing_key(conf: dict) -> str | None:

@@ -211,9 +211,11 @@ class Daemon:
         if not settings.port:
             return
         from rdma_netns_dp.cni_events import CniEventsReceiver
+        from rdma_netns_dp.gid_audit_metrics import INTERVAL as GID_AUDIT_INTERVAL
         from rdma_netns_dp.metrics import DaemonMetrics
 
-        self.metrics = DaemonMetrics(self, self.config.cniStateDir, self.kubelet, settings.refreshSeconds)
+        self.metrics = DaemonMetrics(self, self.config.cniStateDir, self.kubelet, settings.refreshSeconds,
+                                     min(GID_AUDIT_INTERVAL, 10 * self.config.healthIntervalSeconds))
         self.metrics.start_sampling()
         try:
             port = self.metrics.serve(settings.address, settings.port)

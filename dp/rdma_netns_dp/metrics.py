@@ -30,9 +30,11 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.process_collector import ProcessCollector
 
 from rdma_netns.kernel.rdma_devices import RdmaDevice
-from rdma_netns.kernel.rdma_sysfs import GidUsage, RdmaPort
+from rdma_netns.kernel.rdma_sysfs import GidUsage, RdmaPort, RdmaSysfs
 from rdma_netns.kubelet import podresources
 from rdma_netns.state import all_records, read_state
+from rdma_netns_dp.gid_audit_metrics import INTERVAL as GID_AUDIT_INTERVAL
+from rdma_netns_dp.gid_audit_metrics import GidAuditCollector
 from rdma_netns_dp.metrics_http import Exposition, MetricsServer
 from rdma_netns_dp.resource_plugin import ResourcePlugin
 
@@ -52,6 +54,7 @@ class NodeView(Protocol):
     that this module never imports the daemon, which imports it."""
 
     plugins: Sequence[ResourcePlugin]
+    sysfs: RdmaSysfs
     pod_resources_socket: str
     last_discovery: tuple[list[RdmaDevice], dict[RdmaPort, GidUsage]]
 
@@ -64,7 +67,8 @@ class DaemonMetrics:
     state too (NodeCollector), the costly part sampled by a Sampler that start_sampling() runs."""
 
     def __init__(self, node: NodeView | None = None, cni_state_dir: str = "",
-                 client: podresources.Client | None = None, refresh_seconds: float = 10.0) -> None:
+                 client: podresources.Client | None = None, refresh_seconds: float = 10.0,
+                 gid_audit_interval: float = GID_AUDIT_INTERVAL) -> None:
         disable_created_metrics()  # the _created series double every counter for no use here
         self.registry = CollectorRegistry(auto_describe=True)
         ProcessCollector(registry=self.registry)
@@ -93,9 +97,14 @@ class DaemonMetrics:
             self.cni_seconds.labels(command)
         self.server: MetricsServer | None = None
         self.sampler: Sampler | None = None
+        self.gid_audit: GidAuditCollector | None = None
         if node is not None:
             self.sampler = Sampler(node, cni_state_dir, client or podresources.Client(), refresh_seconds)
             self.registry.register(NodeCollector(node, self.sampler))
+            # audited in its own thread (at most every GID_AUDIT_INTERVAL s); scrapes read the result
+            self.gid_audit = GidAuditCollector(node.sysfs, lambda: node.last_discovery[1], cni_state_dir,
+                                               gid_audit_interval)
+            self.registry.register(self.gid_audit)
 
     def cni_event(self, command: str, code: int, seconds: float, pairing: str, granted: bool | None) -> None:
         self.cni_calls.labels(command, str(code)).inc()
@@ -116,6 +125,8 @@ class DaemonMetrics:
         """Serve /metrics; returns the port (the one the kernel chose when `port` is 0)."""
         exposition = Exposition(lambda: generate_latest(self.registry))
         self.server = MetricsServer(address, port, exposition, CONTENT_TYPE_LATEST).start()
+        if self.gid_audit is not None:
+            self.gid_audit.start()
         return self.server.server_port
 
     def start_sampling(self) -> None:
@@ -125,6 +136,8 @@ class DaemonMetrics:
     def stop(self) -> None:
         if self.sampler is not None:
             self.sampler.stop()
+        if self.gid_audit is not None:
+            self.gid_audit.stop()
         if self.server is not None:
             self.server.stop()
             self.server = None

@@ -90,7 +90,7 @@ def build_cases(plugin: str, data_dir: str, state_dir: str, baseline: str | None
                 node_range: bool = False) -> list[Case]:
     def ours(name: str, rails: int, executable: str = plugin) -> Case:
         conf = {"cniVersion": "1.1.0", "name": name, "type": "rdma-netns", "mode": "shared", "requireRdma": False,
-                "stateDir": state_dir,
+                "stateDir": state_dir, "pairing": False,
                 "rails": [{"netdev": f"rail{i}", "ifname": f"rdma{i}", "ipam": ipam(data_dir, f"fd00:{i + 1}::/64")}
                           for i in range(rails)]}
         return Case(name, executable, conf, "net1")

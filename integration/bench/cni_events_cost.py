@@ -69,7 +69,7 @@ def process_ms(fifo: str, procs: int, state_dir: str) -> dict:
     StateStore(state_dir, "bench").prepare()
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("CNI_")}, "CNI_COMMAND": "DEL",
            "CNI_CONTAINERID": "c1", "CNI_NETNS": "", "CNI_IFNAME": "net1", "CNI_PATH": "/opt/cni/bin"}
-    conf = {"cniVersion": "1.0.0", "name": "bench", "type": "rdma-netns", "stateDir": state_dir}
+    conf = {"cniVersion": "1.0.0", "name": "bench", "type": "rdma-netns", "stateDir": state_dir, "pairing": False}
     timings: dict[str, list[float]] = {"event": [], "no event": []}
     for i in range(procs * 2):
         StateStore(state_dir, "bench").mark_released("c1", "net1")

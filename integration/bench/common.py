@@ -189,7 +189,7 @@ def ours_conf(name: str, rails: int, data_dir: str, state_dir: str, dir_per_rail
     locks dataDir/<network>/lock for a whole allocation, so by default all rails of all pods of
     the network queue on one lock)."""
     return {"cniVersion": "1.1.0", "name": name, "type": "rdma-netns", "mode": "shared", "requireRdma": False,
-            "stateDir": state_dir,
+            "stateDir": state_dir, "pairing": False,
             "rails": [{"netdev": f"rail{i}", "ifname": f"rdma{i}",
                        "ipam": host_local(f"{data_dir}/rail{i}" if dir_per_rail else data_dir, f"fd00:{i + 1}::/64")}
                       for i in range(rails)]}

@@ -350,6 +350,8 @@ disabled_plugins = [
                   "stateDir": str(self.rdma_state), "rails": entries,
                   # published pod info inside the rig, not in the machine's /run and /var/run/cdi
                   "podInfoDir": str(self.rdma_state / "pods"), "cdiSpecDir": str(self.rdma_state / "cdi"), **extra}
+        if "resourceName" not in extra:
+            plugin["pairing"] = False  # every sandbox gets rails, on purpose (a config must say so)
         return plugin, subnets
 
     def use_network(self, kind: str, rails: int = 1, version: str = "1.0.0", **rdma_extra: object) -> Network:

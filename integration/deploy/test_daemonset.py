@@ -181,7 +181,7 @@ def test_what_the_init_container_left_runs_on_a_host_with_nothing_but_a_kernel(n
         subprocess.run(["ip", "netns", "add", pod], check=True)
         try:
             conf = {"cniVersion": "1.0.0", "name": "bare", "type": "rdma-netns", "mode": "shared",
-                    "requireRdma": False, "stateDir": "/var/lib/cni/rdma-netns", "podInfoDir": "",
+                    "requireRdma": False, "pairing": False, "stateDir": "/var/lib/cni/rdma-netns", "podInfoDir": "",
                     "ipam": {"type": "host-local", "dataDir": "/var/lib/cni/networks"},
                     "rangeFromNodeAddress": {"prefixLength": 112},
                     "rails": [{"netdev": node.rig.rails[0], "ifname": "rdma0"}]}

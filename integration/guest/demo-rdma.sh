@@ -22,7 +22,7 @@ rdma dev
 for pod in pod-a pod-b; do ip netns add $pod; ip -n $pod link set lo up; done
 
 cat > "$WORK/rdma.json" <<JSON
-{"cniVersion": "1.1.0", "name": "rdma-demo", "type": "rdma-netns", "mode": "shared",
+{"cniVersion": "1.1.0", "name": "rdma-demo", "type": "rdma-netns", "mode": "shared", "pairing": false,
  "stateDir": "$WORK/state", "gidWaitMs": 5000,
  "rails": [{"netdev": "v0", "ifname": "rdma0",
             "ipam": {"type": "host-local", "dataDir": "$WORK/ipam", "ranges": [[{"subnet": "fd00:a0::/64"}]]}}]}

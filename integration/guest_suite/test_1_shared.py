@@ -23,7 +23,7 @@ pytestmark = pytest.mark.guest
 
 def shared_conf(lab, link: str, lower: str | None = None, **keys) -> dict:
     return {"cniVersion": "1.1.0", "name": f"shared-{link}", "type": "rdma-netns", "mode": "shared", "link": link,
-            "stateDir": str(lab.tmp / "state"), "gidWaitMs": 5000,
+            "stateDir": str(lab.tmp / "state"), "gidWaitMs": 5000, "pairing": False,
             "rails": [{"netdev": lower or f"v0{lab.tag}", "ifname": "rdma0", "ipam": lab.ipam("fd00:11::/64")}],
             **keys}
 

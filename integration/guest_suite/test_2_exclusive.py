@@ -59,7 +59,8 @@ def host_device_add(lab, pod: str, device: str, address: str) -> dict:
 
 def chained_conf(lab, prev: dict, device: str) -> dict:
     return {"cniVersion": "1.1.0", "name": "rdma-excl", "type": "rdma-netns", "mode": "exclusive",
-            "stateDir": str(lab.tmp / "state"), "prevResult": prev, "runtimeConfig": {"deviceID": device}}
+            "stateDir": str(lab.tmp / "state"), "prevResult": prev, "runtimeConfig": {"deviceID": device},
+            "pairing": False}
 
 
 def test_chained_exclusive_each_pod_owns_its_device_and_rdma_works(lab, exclusive_kernel):
@@ -164,7 +165,7 @@ def test_exclusive_moves_a_physical_nic_in_and_back_even_after_the_pod_died(lab,
     sh("ip", "link", "set", peer, "up")
     try:
         conf = {"cniVersion": "1.1.0", "name": "nic-excl", "type": "rdma-netns", "mode": "exclusive",
-                "requireRdma": False, "stateDir": str(lab.tmp / "state"),
+                "requireRdma": False, "stateDir": str(lab.tmp / "state"), "pairing": False,
                 "rails": [{"netdev": nic, "ifname": "rdma0", "ipam": lab.ipam("fd00:31::/64")}]}
         pod = lab.pod()
         timed_cni("exclusive-nic", "ADD", conf, container_id=pod, netns=f"/var/run/netns/{pod}", ifname="rdma0").ok()

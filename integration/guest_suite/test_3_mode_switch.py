@@ -39,7 +39,7 @@ def test_mode_change_works_without_namespaces_and_the_plugin_checks_the_mode(lab
         lab.veth(f"m0{lab.tag}", f"m1{lab.tag}")
         pod = lab.pod()
         conf = {"cniVersion": "1.1.0", "name": "wrong-mode", "type": "rdma-netns", "mode": "shared",
-                "requireRdma": False, "stateDir": str(lab.tmp / "state"),
+                "requireRdma": False, "stateDir": str(lab.tmp / "state"), "pairing": False,
                 "rails": [{"netdev": f"m0{lab.tag}", "ipam": lab.ipam("fd00:41::/64")}]}
         err = timed_cni("mode-check", "ADD", conf, container_id=pod, netns=f"/var/run/netns/{pod}",
                         ifname="net1").error(103)

@@ -108,7 +108,7 @@ class Rails:
         self.pod_info = lab.tmp / "podinfo"
         self.conf = {
             "cniVersion": "1.1.0", "name": f"gids{t}", "type": "rdma-netns", "mode": "shared", "link": "macvlan",
-            "stateDir": str(lab.tmp / "state"), "gidWaitMs": 10000, "requireRdma": True,
+            "stateDir": str(lab.tmp / "state"), "gidWaitMs": 10000, "requireRdma": True, "pairing": False,
             "podInfoDir": str(self.pod_info),
             "rails": [{"netdev": self.netdevs[0], "ifname": "rdma0", "ipam": lab.ipam("fd00:21::/64")},
                       {"netdev": self.netdevs[1], "ifname": "rdma1", "ipam": lab.ipam("fd00:22::/64")}]}

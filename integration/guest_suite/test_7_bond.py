@@ -161,7 +161,7 @@ def conf(lab, form: str, bond: Bond, link: str, **extra) -> dict:
         rail["pciAddress"] = pci_address(bond.backup)
     net = {"cniVersion": "1.1.0", "name": name, "type": "rdma-netns", "mode": "shared", "link": link,
            "stateDir": str(lab.tmp / "state"), "podInfoDir": str(lab.tmp / "podinfo"),
-           "cdiSpecDir": str(lab.tmp / "cdi"), "gidWaitMs": 5000, **extra}
+           "cdiSpecDir": str(lab.tmp / "cdi"), "gidWaitMs": 5000, "pairing": False, **extra}
     if form == "none":  # one rail per RDMA device of the node: rxeb, on its bond
         net["ipam"] = ipam
     else:

@@ -175,7 +175,7 @@ runroot = "{self.work}/runroot"
             if rail_ifnames:
                 rail["ifname"] = f"rdma{i}"
             rails.append(rail)
-        plugin = {"type": "rdma-netns", "mode": "shared", "link": "macvlan", "requireRdma": False,
+        plugin = {"type": "rdma-netns", "mode": "shared", "link": "macvlan", "requireRdma": False, "pairing": False,
                   "stateDir": str(self.state_dir), "rails": rails,
                   # published pod info inside the rig, not in the machine's /run and /var/run/cdi
                   "podInfoDir": str(self.state_dir / "pods"), "cdiSpecDir": str(self.state_dir / "cdi")}

@@ -114,6 +114,7 @@ class RdmaNode:
             rails[0]["ipam"] = self.static_ipam(0)
         return {"cniVersion": "1.1.0", "name": network, "type": "rdma-netns", "mode": "shared", "link": link,
                 "stateDir": STATE_DIR, "rails": rails, "rangeFromNodeAddress": shipped["rangeFromNodeAddress"],
+                "pairing": False,
                 "ipam": {"type": "host-local", "dataDir": IPAM_DIR}}
 
     def leftovers(self, network: str) -> dict[str, list]:

@@ -288,7 +288,8 @@ def test_exclusive_pods_on_two_nodes_each_own_a_nic_and_exchange_rdma(two_nodes)
             device = f"rxp{node.index}"
             node.in_pod(pod, "rdma", "link", "add", device, "type", "rxe", "netdev", "net1")
             conf = {"cniVersion": "1.1.0", "name": "rdma-excl", "type": "rdma-netns", "mode": "exclusive",
-                    "stateDir": STATE_DIR, "prevResult": prev, "runtimeConfig": {"deviceID": device}}
+                    "stateDir": STATE_DIR, "prevResult": prev, "runtimeConfig": {"deviceID": device},
+                    "pairing": False}
             result = node.cni_ok("ADD", conf, pod, "net1", "exclusive-chained")
             assert result["interfaces"][0]["pciID"] == device
             assert node.rdma_devices(pod) == [device] and device not in node.rdma_devices()

@@ -190,7 +190,7 @@ def bond_conf(node: RdmaNode, link: str, network: str) -> dict:
     rail.update(ifname="rdma0", ipam={"type": "host-local", "dataDir": IPAM_DIR,
                                       "ranges": [[{"subnet": SUBNET, "rangeStart": start, "rangeEnd": end}]]})
     return {"cniVersion": "1.1.0", "name": network, "type": "rdma-netns", "mode": "shared", "link": link,
-            "stateDir": STATE_DIR, "rails": [rail]}
+            "stateDir": STATE_DIR, "rails": [rail], "pairing": False}
 
 
 def tx(node: RdmaNode) -> dict[str, int]:

@@ -18,6 +18,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.hypothesis_profiles import examples
+
 from tests.dp.conftest import EXCLUSIVE_IDS, INTERVAL, RESOURCE, SOCKET, Host, dp_binary
 
 RESTARTS = 50
@@ -185,7 +187,7 @@ config_values = st.recursive(
     max_leaves=15)
 
 
-@settings(max_examples=150, deadline=None, database=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(value=config_values, as_yaml=st.booleans())
 def test_config_parser_fuzz(value, as_yaml):
     from rdma_netns_dp import config

@@ -20,6 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.hypothesis_profiles import examples
+
 from tests.conftest import plugin_path
 from tests.faults.helpers import assert_json_answer, assert_same, rail_links, snapshot, state_files, write_script
 from tests.netns.conftest import Node, _need_root, ip, ipj
@@ -27,7 +29,7 @@ from tests.netns.conftest import Node, _need_root, ip, ipj
 pytestmark = pytest.mark.netns
 
 TIME_LIMIT = 15  # seconds for one invocation (a warm one takes ~40 ms)
-PROPERTY = settings(max_examples=60, deadline=None, derandomize=False, database=None,
+PROPERTY = settings(max_examples=examples(60), deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                            HealthCheck.data_too_large])
 
@@ -97,7 +99,7 @@ def test_any_bytes_on_stdin(hnode, command, data):
 # make the plugin (or host-local) write outside the test's folders.
 TOP_KEYS = ["cniVersion", "name", "type", "mode", "link", "linkMode", "rails", "ipam", "requireRdma", "gidWaitMs",
             "routeTableBase", "rulePriorityBase", "ipamTimeoutSeconds", "lockTimeoutSeconds", "mtu", "dns",
-            "runtimeConfig", "args", "prevResult", "capabilities"]
+            "runtimeConfig", "args", "prevResult", "capabilities", "pairing", "resourceName", "deviceID"]
 RAIL_KEYS = ["netdev", "rdmaDevice", "pciAddress", "ifname", "ipam", "mtu"]
 hostile_values = (json_values | st.sampled_from([
     "lo", "rail0", "rail1", "rail0p", "rail0 ", "ra\u00efl0", "rail0/../rail1", "-1", 0, -1, 2**31, 2**63, 1e308,
@@ -186,18 +188,43 @@ def test_cni_args_refused_by_ipam_leave_no_state(node, args):
     assert_same(node, before, [pod])
 
 
-@pytest.mark.parametrize("bad", [{"ranges": "lo"}, {"type": "macvlan"}])
-def test_ipam_config_refused_on_add_and_del_leaves_no_state(node, bad):
+@pytest.mark.parametrize("bad,code", [({"type": "macvlan"}, 105), ({"ranges": "lo"}, 7)])
+def test_ipam_config_refused_on_add_and_del_leaves_no_state(node, bad, code):
     pod = node.pod()
     conf = node.conf()
     conf["rails"][0]["ipam"].update(bad)
     node.cni("VERSION", conf).ok()
     before = snapshot(node, [pod])
-    node.cni("ADD", conf, pod).error(105)
+    node.cni("ADD", conf, pod).error(code)
     del_result = node.cni("DEL", conf, pod)
     for f in (Path(node.state_dir) / "rdmanet").glob("*.json"):  # leave the node clean either way
         f.unlink()
     assert del_result.code == 0, f"the runtime's DEL cannot finish: {del_result.stdout}"
+    assert_same(node, before, [pod])
+
+
+# Found by test_mutated_valid_config (CI, issue 36): `"ranges": -1` on a rail crashed ADD with
+# 999 "TypeError: object of type 'int' has no len()" in ipam.py, reached from hold_shared. Every
+# IPAM key the plugin reads itself is type-checked before use: code 7, naming the key.
+@pytest.mark.parametrize("rails,bad,key", [
+    (1, {"ranges": -1}, "ranges"),
+    (2, {"ranges": -1}, "ranges"),  # two host-local rails: the shared-call planning (hold_shared)
+    (2, {"ranges": [-1]}, "ranges.0"),
+    (2, {"ranges": [[{"subnet": 5}]]}, "ranges.0.0.subnet"),
+    (1, {"ranges": [["fd00:1::/64"]]}, "ranges.0.0"),
+    (1, {"routes": {"dst": "fd00::/16"}}, "routes"),
+    (1, {"routes": [{"gw": "fd00:1::1"}]}, "routes.0"),
+    (1, {"subnet": 64}, "subnet"),
+    (1, {"dataDir": 5}, "dataDir"),
+])
+def test_ipam_key_of_the_wrong_type_is_a_config_error(node, rails, bad, key):
+    pod = node.pod()
+    conf = node.conf(rails=rails)
+    conf["rails"][0]["ipam"].update(bad)
+    before = snapshot(node, [pod])
+    err = node.cni("ADD", conf, pod).error(7)
+    assert f"rails.0.ipam: {key} " in err["msg"] + " " + err.get("details", ""), err
+    assert node.cni("DEL", conf, pod).code == 0
     assert_same(node, before, [pod])
 
 

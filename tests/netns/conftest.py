@@ -78,6 +78,8 @@ class Node:
             for i, rail in enumerate(conf["rails"]):
                 rail["ifname"] = f"rdma{i}"
         conf.update(overrides)
+        if not conf.get("resourceName") and "pairing" not in overrides:
+            conf["pairing"] = False  # no kubelet here: unpaired on purpose (a config must say so)
         return conf
 
     def cni(self, command: str, conf: dict | bytes | str, pod: str | None = None, container_id: str = "c1",

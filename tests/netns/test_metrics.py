@@ -317,6 +317,12 @@ def test_a_kubelet_restart_a_port_going_down_and_a_filling_gid_table_show(node, 
     m.wait_value('rdma_netns_units_healthy{resource="rdma/hca"}', 3, timeout=60)
     assert m.value('rdma_netns_units{resource="rdma/hca"}') == 1000
 
+    # A tenant with NET_ADMIN adds addresses of its own on its rail (issue 36): entries of a pod's
+    # interface (a netdev not in this namespace) that no attachment record explains.
+    assert m.value('rdma_netns_gid_entries_unexplained{device="rxe0",port="1"}') == 0
+    for i in range(2):
+        m.fake.add_gid("rxe0", f"fd00:0bad:0000:0000:0000:0000:0000:{i:04x}", "rdma0")
+    m.wait_value('rdma_netns_gid_entries_unexplained{device="rxe0",port="1"}', 2, timeout=60)
 
 # A scrape flood from inside the node's namespace: first connections that send nothing (held
 # until told on stdin), then threads fetching /metrics as fast as they can. Prints the scrapes

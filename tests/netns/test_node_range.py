@@ -140,7 +140,7 @@ class Cluster:
             ip("-n", name, "address", "add", f"fd00:10::{n}:1/64", "dev", "rail0", "nodad")
         self.conf = json.dumps({
             "cniVersion": "1.0.0", "name": "rdmanet", "type": "rdma-netns", "mode": "shared", "link": "macvlan",
-            "requireRdma": False, "stateDir": f"{self.shared}/state", "podInfoDir": f"{self.shared}/pods",
+            "requireRdma": False, "pairing": False, "stateDir": f"{self.shared}/state", "podInfoDir": f"{self.shared}/pods",
             "cdiSpecDir": f"{self.shared}/cdi", "rangeFromNodeAddress": RULE,
             "ipam": {"type": "host-local", "dataDir": f"{self.shared}/ipam"},
             "rails": [{"netdev": "rail0", "ifname": "rdma0"}]}).encode()

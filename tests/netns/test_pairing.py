@@ -106,6 +106,28 @@ def test_granted_pod_gets_its_rail_and_a_pod_not_granted_keeps_only_its_cluster_
     assert sorted(p.name for p in (Path(node.state_dir) / "rdmanet").glob("*.json")) == []
 
 
+def test_a_config_that_does_not_say_whether_it_pairs_is_refused(node, kubelet):
+    """Issue 36: the shipped Multus NetworkAttachmentDefinition had no resourceName, so any pod
+    that named the network got rails, fabric addresses and GID entries without rdma/hca. A config
+    without resourceName is refused unless it says "pairing": false; the keys Multus adds for its
+    resourceName annotation (deviceID, pciBusID) are accepted and change nothing."""
+    pod = node.pod()
+    unsaid = node.conf(prevResult=primary_result(node, pod))
+    del unsaid["pairing"]
+    for command in ("ADD", "CHECK"):
+        err = node.cni(command, unsaid, pod, ifname="eth0", container_id="sbx9", extra_env=k8s_args("web")).error(7)
+        assert "resourceName is missing" in err["msg"] and '"pairing": false' in err["msg"], err
+    assert set(node.links(pod)) == {"lo"} and node.allocations() == [] and node.attachment_records() == []
+    node.cni("DEL", unsaid, pod, ifname="eth0", container_id="sbx9").ok()  # DEL always succeeds
+    # Multus with the annotation: the pod's grant decides, whatever deviceID Multus picked
+    kubelet.set_pod("team-a", "trainer", {"main": {RESOURCE: ["hca-0003"]}})
+    conf = dict(paired(node, kubelet, prevResult=primary_result(node, pod)), deviceID="hca-0003", pciBusID="hca-0003")
+    result = node.cni("ADD", conf, pod, ifname="eth0", container_id="sbx9", extra_env=k8s_args("trainer")).ok()
+    assert [i["name"] for i in result["interfaces"]] == ["eth0", "rdma0"]
+    node.cni("DEL", conf, pod, ifname="eth0", container_id="sbx9").ok()
+    assert node.allocations() == [] and node.attachment_records() == []
+
+
 @pytest.mark.parametrize("get_mode", ["enabled", "disabled", "unimplemented"])
 def test_every_kubelet_generation_is_understood(node, kubelet, get_mode):
     """kubelet 1.28+ with the Get gate on, 1.27-1.33 with it off (UNKNOWN "disabled"), < 1.27

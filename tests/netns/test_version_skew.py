@@ -59,7 +59,7 @@ def previous_build(tmp_path_factory) -> str:
 
 # Keys added after 0.1.0, which that release refuses (it predates issue 16's lenient DEL): the
 # previous build gets the config it knows, as a node rolled back with its old conflist does.
-NEWER_KEYS = ("podInfoDir", "cdiSpecDir", "cdiKind")
+NEWER_KEYS = ("podInfoDir", "cdiSpecDir", "cdiKind", "pairing")
 
 
 def cni(node, build: str | None, command: str, conf: dict, pod: str | None, container_id: str, ifname: str):

@@ -52,7 +52,7 @@ def run(env: dict[str, str], conf: dict | bytes) -> int:
 
 def test_a_refused_call_sends_its_command_code_and_network(fifo, capsys):
     conf = {"cniVersion": "1.0.0", "name": "rdma-net", "type": "rdma-netns", "eventsFifo": fifo.path,
-            "mode": "sideways"}
+            "mode": "sideways", "stateDir": os.path.dirname(fifo.path)}
     assert run({"CNI_COMMAND": "ADD"}, conf) == 1
     [event] = fifo.lines()
     assert json.loads(capsys.readouterr().out)["code"] == event["code"] == 7  # INVALID_CONFIG
@@ -72,7 +72,7 @@ def test_malformed_json_is_counted_through_the_default_fifo_and_version_is_not(f
 def test_an_empty_events_fifo_sends_nothing(fifo, monkeypatch):
     monkeypatch.setattr(events, "DEFAULT_PATH", fifo.path)
     run({"CNI_COMMAND": "ADD"}, {"cniVersion": "1.0.0", "name": "n", "type": "rdma-netns", "eventsFifo": "",
-                                  "mode": "sideways"})
+                                  "mode": "sideways", "stateDir": os.path.dirname(fifo.path)})
     assert fifo.lines(0.2) == []
 
 

@@ -15,6 +15,8 @@ IPAM = {"type": "host-local", "ranges": [[{"subnet": "fd00:1::/64"}]]}
 
 def conf(**kw):
     base = {"cniVersion": "1.1.0", "name": "rdma", "type": "rdma-netns", "rails": [{"netdev": "eth1", "ipam": IPAM}]}
+    if "resourceName" not in kw:
+        base["pairing"] = False  # unpaired on purpose (tests without kubelet)
     base.update(kw)
     return base
 
@@ -41,11 +43,62 @@ def test_runtime_keys_are_not_part_of_the_contract():
     ({"ipam": None, "rails": None, "mode": "shared"}, "ipam"),
     ({"gidWaitMs": -1}, "gidWaitMs"),
     ({"ipam": {"type": "a/b"}}, "ipam.type"),
+    # the IPAM keys rdma-netns reads itself (ipam.py, status): host-local's types, named
+    ({"rails": [{"netdev": "eth1", "ipam": {"type": "host-local", "ranges": -1}}]}, "rails.0.ipam: ranges must"),
+    ({"ipam": {"type": "host-local", "ranges": [[{"subnet": None}]]}}, "ipam: ranges.0.0.subnet must"),
+    ({"ipam": {"type": "static", "routes": [{"dst": 1}]}}, "ipam: routes.0 must"),
+    ({"ipam": {"type": "host-local", "dataDir": "relative"}}, "ipam: dataDir must"),
 ])
 def test_errors_name_the_field(bad, field):
     with pytest.raises(Exception) as err:
         model.validate(conf(**bad))
     assert field in model.describe_errors(err.value)
+
+
+# --- pairing: said, never left out by mistake (issue 36) ---------------------------------------------
+
+def unpaired(**kw):
+    """conf() without the tests' own "pairing": false."""
+    raw = conf()
+    raw.pop("pairing")
+    raw.update(kw)
+    return raw
+
+
+def test_a_config_without_resource_name_must_say_pairing_is_off():
+    with pytest.raises(Exception) as err:
+        model.validate(unpaired())
+    text = model.describe_errors(err.value)
+    assert "resourceName is missing" in text
+    assert '"resourceName": "rdma/hca"' in text and '"pairing": false' in text  # the two fixes
+    assert model.validate(unpaired(pairing=False))["pairing"] is False
+    assert model.validate(unpaired(resourceName="rdma/hca"))["resourceName"] == "rdma/hca"
+    assert model.validate(unpaired(resourceName="rdma/hca", pairing=True))["pairing"] is True
+    with pytest.raises(Exception) as err:
+        model.validate(unpaired(pairing=True))  # pairing on, but with which resource?
+    assert "resourceName is missing" in model.describe_errors(err.value)
+    with pytest.raises(Exception) as err:
+        model.validate(unpaired(resourceName="rdma/hca", pairing=False))
+    assert "keep one of them" in model.describe_errors(err.value)
+    with pytest.raises(Exception) as err:
+        model.validate(unpaired(pairing="sometimes"))
+    assert "pairing" in model.describe_errors(err.value)
+
+
+def test_a_config_without_resource_name_is_refused_with_code_7(tmp_path):
+    with pytest.raises(CniError) as err:
+        loader.load(unpaired(stateDir=str(tmp_path / "st")))
+    assert err.value.code == 7 and "resourceName is missing" in err.value.msg
+
+
+def test_the_keys_multus_adds_for_its_resource_annotation_are_accepted_and_not_the_identity(tmp_path):
+    """A NetworkAttachmentDefinition annotated k8s.v1.cni.cncf.io/resourceName: Multus adds the
+    device it took from the pod's grant to each plugin as deviceID (and pciBusID, Multus 4)."""
+    raw = unpaired(resourceName="rdma/hca", stateDir=str(tmp_path / "st"))
+    first = loader.load(dict(raw, deviceID="hca-0003", pciBusID="hca-0003"))
+    second = loader.load(dict(raw, deviceID="hca-0007"))
+    assert first.net.source == second.net.source and first.net.resource_name == "rdma/hca"
+    assert len(list((tmp_path / "st" / "verified-configs").iterdir())) == 1
 
 
 def test_loader_caches_the_verdict(tmp_path):
@@ -85,12 +138,12 @@ def test_a_tampered_cache_entry_is_not_trusted_blindly(tmp_path):
     assert loader.load(conf(stateDir=state)).net.name == "rdma"
 
 
-def test_gc_attachments_parsed():
-    cfg = loader.load(conf(stateDir="/nonexistent-for-test", **{
+def test_gc_attachments_parsed(tmp_path):
+    cfg = loader.load(conf(stateDir=str(tmp_path), **{
         "cni.dev/valid-attachments": [{"containerID": "a", "ifname": "eth0"}]}))
     assert cfg.valid_attachments == {("a", "eth0")}
     with pytest.raises(CniError):
-        loader.load(conf(**{"cni.dev/valid-attachments": [{"containerID": 1}]}))
+        loader.load(conf(stateDir=str(tmp_path), **{"cni.dev/valid-attachments": [{"containerID": 1}]}))
 
 
 @pytest.mark.parametrize("name", ["locks", "verified-configs"])

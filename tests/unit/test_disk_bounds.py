@@ -15,7 +15,7 @@ from rdma_netns.spec.errors import INCOMPATIBLE_VERSION, INVALID_CONFIG, CniErro
 
 def conf(state_dir: str, n: int) -> dict:
     return {"cniVersion": "1.0.0", "name": "net", "type": "rdma-netns", "mode": "shared", "stateDir": state_dir,
-            "gidWaitMs": n, "ipam": {"type": "host-local", "ranges": [[{"subnet": "fd00:1::/64"}]]}}
+            "gidWaitMs": n, "pairing": False, "ipam": {"type": "host-local", "ranges": [[{"subnet": "fd00:1::/64"}]]}}
 
 
 def test_verified_config_cache_keeps_the_newest(tmp_path, monkeypatch):

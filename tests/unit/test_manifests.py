@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import tempfile
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -131,6 +132,19 @@ def test_network_attachment_definition(tmp_path: Path):
     assert [p["type"] for p in config["plugins"]] == ["rdma-netns"]
     out = check_config(tmp_path, nad["spec"]["config"])
     assert out.returncode == 0, out.stderr
+    # Pairing (issue 36): only pods granted rdma/hca get rails. Multus and the Network Resources
+    # Injector read the resource from the annotation; rdma-netns from the config, and accepts the
+    # deviceID/pciBusID Multus then adds to the plugin.
+    assert nad["metadata"]["annotations"]["k8s.v1.cni.cncf.io/resourceName"] == "rdma/hca"
+    assert config["plugins"][0]["resourceName"] == "rdma/hca" and "pairing" not in config["plugins"][0]
+    multus = copy.deepcopy(config)
+    multus["plugins"][0].update(deviceID="hca-0003", pciBusID="hca-0003")
+    out = check_config(tmp_path, json.dumps(multus), "multus.conflist")
+    assert out.returncode == 0, out.stderr
+    unpaired = copy.deepcopy(config)
+    del unpaired["plugins"][0]["resourceName"]
+    out = check_config(tmp_path, json.dumps(unpaired), "unpaired.conflist")
+    assert out.returncode == 1 and "resourceName is missing" in out.stderr and '"pairing": false' in out.stderr
     # ... and the check can fail: a misspelled key is refused by name.
     config["plugins"][0]["railz"] = config["plugins"][0].pop("rails")
     out = check_config(tmp_path, json.dumps(config), "bad.conflist")
@@ -317,7 +331,10 @@ def test_configmap_conflist_validates_and_is_the_shipped_one(tmp_path: Path):
     shipped = json.loads((REPO / "conf" / "rdma-netns-shared-8rails.conflist").read_text())
     assert json.loads(text) == shipped, "the ConfigMap drifted from conf/rdma-netns-shared-8rails.conflist"
     nad = json.loads(one("NetworkAttachmentDefinition", "multus-network-attachment.yaml")["spec"]["config"])
-    assert dict(nad, cniVersion=None) == dict(shipped, cniVersion=None)
+    paired = copy.deepcopy(shipped)  # the NAD pairs with kubelet's grants; the node-wide conflist may not
+    del paired["plugins"][0]["pairing"]
+    paired["plugins"][0]["resourceName"] = "rdma/hca"
+    assert dict(nad, cniVersion=None) == dict(paired, cniVersion=None)
 
 
 def test_main_container_runs_a_real_rdma_netns_dp_invocation():
@@ -740,3 +757,19 @@ def test_metrics_on_loopback_and_the_sidecars_probe():
 
     assert dp_config().metrics.cniEventsFifo == DEFAULT_PATH
     assert os.path.dirname(DEFAULT_PATH) == os.path.dirname(dp_config().podGrantsSocket)
+
+
+def test_the_admission_policy_in_security_md_is_valid_kubernetes():
+    """docs/security.md's ValidatingAdmissionPolicy (no NET_ADMIN in pods with rails, issue 36),
+    as an admin copies it: strict against the newest schemas (the policy's v1 is 1.30+)."""
+    text = (REPO / "docs" / "security.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in text.split("```yaml\n")[1:]]
+    docs = [d for b in blocks for d in yaml.safe_load_all(textwrap.dedent(b)) if d]
+    assert [d["kind"] for d in docs] == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+    for doc in docs:
+        kubernetes_validate.validate(doc, kubernetes_validate.latest_version(), strict=True)
+    policy, binding = docs
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert "'rdma/hca'" in policy["spec"]["variables"][1]["expression"]
+    assert "NET_ADMIN" in policy["spec"]["validations"][0]["expression"]

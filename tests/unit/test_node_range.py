@@ -132,7 +132,7 @@ def test_distinct_node_addresses_in_distinct_blocks_never_share_a_pod_address():
 
 
 def base(**extra) -> dict:
-    conf = {"cniVersion": "1.0.0", "name": "n", "type": "rdma-netns", "mode": "shared",
+    conf = {"cniVersion": "1.0.0", "name": "n", "type": "rdma-netns", "mode": "shared", "pairing": False,
             "ipam": {"type": "host-local"}, "rangeFromNodeAddress": {"prefixLength": 112}}
     conf.update(extra)
     return conf

@@ -10,12 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.hypothesis_profiles import examples
+
 from rdma_netns import paths
 
 PIECES = st.text(alphabet="/ab.", max_size=12)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(PIECES, st.lists(PIECES, max_size=3))
 def test_join_dirname_basename_are_posixpaths(first, rest):
     assert paths.join(first, *rest) == posixpath.join(first, *rest)

@@ -88,7 +88,7 @@ def test_config_keys_defaults_and_validation():
     from rdma_netns.config import model
     from rdma_netns.config.netconf import NetConfig
 
-    base = {"cniVersion": "1.0.0", "name": "n", "type": "rdma-netns", "ipam": {"type": "host-local"}}
+    base = {"cniVersion": "1.0.0", "name": "n", "type": "rdma-netns", "ipam": {"type": "host-local"}, "pairing": False}
     net = NetConfig(model.validate(base))
     assert (net.pod_info_dir, net.cdi_spec_dir, net.cdi_kind) == \
         ("/run/rdma-netns/pods", "/var/run/cdi", "rdma-netns.io/pod")

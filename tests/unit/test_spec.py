@@ -6,6 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.hypothesis_profiles import examples
+
 from rdma_netns.spec import versions
 from rdma_netns.spec.env import is_normalised, parse_cni_args, read_env, valid_container_id, valid_ifname
 from rdma_netns.spec.errors import CniError
@@ -86,7 +88,7 @@ def test_error_json():
     assert err.to_json_dict("1.0.0") == {"cniVersion": "1.0.0", "code": 7, "msg": "bad", "details": "details here"}
 
 
-@settings(max_examples=3000, deadline=None)
+@settings(max_examples=examples(3000), deadline=None)
 @given(st.lists(st.sampled_from(["", ".", "..", "a", "b.c", "...", "net ns"]), max_size=6), st.integers(1, 3),
        st.booleans())
 def test_netns_path_normalisation_is_posixpaths(parts, leading, trailing):

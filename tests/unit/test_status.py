@@ -39,7 +39,7 @@ class Node:
         for folder in (self.conf_dir, self.bin_dir, self.state_dir, self.ipam_dir, self.kubelet_dir):
             folder.mkdir(parents=True)
         self.ipam = {"type": "host-local", "ranges": [[{"subnet": "fd00:1::/64"}]], "dataDir": str(self.ipam_dir)}
-        self.entry = {"type": "rdma-netns", "mode": "shared", "ipam": self.ipam,
+        self.entry = {"type": "rdma-netns", "mode": "shared", "pairing": False, "ipam": self.ipam,
                       "rails": [{"netdev": "eth1", "ifname": "rdma0"}, {"netdev": "ens1f0", "ifname": "rdma1"}]}
         self.entry_file = root / "entry.json"
         self.entry_file.write_text(json.dumps(self.entry))
@@ -165,6 +165,49 @@ def test_nearly_full_table_warns_and_exits_0(node: Node, capsys):
     rail = by_name(doc)["Rails/rail 1 rdma1"]
     assert (code, rail["state"], rail["data"]["podsLeft"]) == (0, "warn", 3)
     assert "nearly full" in rail["detail"]
+
+
+def tenant_node(node: Node) -> None:
+    """Three pods on mlx5_0 with their records (one address each), plus the link-local address
+    each pod interface may have: every entry explained."""
+    for i in range(3):
+        node.add_state(f"{i}" * 64, "/proc/self/ns/net", rails=[
+            {"index": 0, "ifname": "rdma1", "netdev": "ens1f0", "ipam": node.ipam, "rdmaDevice": "mlx5_0", "port": 1,
+             "addresses": [f"fd00:1::1:{i:x}"]}])
+        assert node.fake.add_gid("mlx5_0", f"fd00:0001:0000:0000:0000:0000:0001:{i:04x}", "rdma1") is not None
+        assert node.fake.add_gid("mlx5_0", f"fe80:0000:0000:0000:0000:00ff:fe00:{i:04x}", "rdma1") is not None
+
+
+def test_gid_entries_no_record_explains_are_reported_with_the_fix(node: Node, capsys):
+    """Issue 36: a tenant with NET_ADMIN adds addresses on its rail until the shared table is full.
+    The entries of pods' interfaces that no attachment record explains are counted per port."""
+    tenant_node(node)
+    code, doc = node.status(capsys)
+    rail = by_name(doc)["Rails/rail 1 rdma1"]
+    assert (rail["state"], rail["data"]["gidsUnexplained"]) == ("ok", 0), rail
+    for j in range(5):  # the tenant's own addresses (and a second link-local, which no rail explains)
+        assert node.fake.add_gid("mlx5_0", f"fd00:0001:0000:0000:0000:0000:0bad:{j:04x}", "rdma1") is not None
+    assert node.fake.add_gid("mlx5_0", "fe80:0000:0000:0000:0000:0000:0000:0bad", "rdma1") is not None
+    code, doc = node.status(capsys)
+    rail = by_name(doc)["Rails/rail 1 rdma1"]
+    assert (code, rail["state"], rail["data"]["gidsUnexplained"]) == (0, "warn", 12), rail  # 6 addresses, v1 + v2
+    assert "12 GID entries of pods' interfaces that no attachment record explains" in rail["detail"]
+    assert "fd00:1::bad:0 (on rdma1)" in rail["detail"]
+    assert "forbid NET_ADMIN in pods with rails" in rail["fix"] and "docs/security.md" in rail["fix"]
+    assert by_name(doc)["Rails/rail 0 rdma0"]["data"]["gidsUnexplained"] == 0
+    out = node.run()
+    assert "fix: " in out.stdout and "forbid NET_ADMIN" in out.stdout
+
+
+def test_a_full_table_of_unexplained_entries_fails_naming_both(node: Node, capsys):
+    tenant_node(node)
+    for j in range(120):  # 2 + 2*3 + 2*3 = 14 entries in use; 2*120 more fill the 255 but one
+        assert node.fake.add_gid("mlx5_0", f"fd00:0001:0000:0000:0000:0000:0bad:{j:04x}", "rdma1") is not None
+    code, doc = node.status(capsys)
+    rail = by_name(doc)["Rails/rail 1 rdma1"]
+    assert (code, rail["state"], rail["data"]["gidsUnexplained"]) == (1, "fail", 240), rail
+    assert "GID table full" in rail["detail"] and "240 GID entries" in rail["detail"]
+    assert "fewer RDMA pods" in rail["fix"] and "forbid NET_ADMIN" in rail["fix"]
 
 
 def test_no_link_local_doubles_the_room_and_warns_what_it_costs(node: Node, capsys):

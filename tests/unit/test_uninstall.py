@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import installed_executable
 
 PRIMARY = '{\n  "cniVersion": "1.0.0",\n  "name": "k8s-pod-network",\n  "plugins": [\n    {"type": "calico"}\n  ]\n}\n'
-ENTRY = {"type": "rdma-netns", "mode": "shared", "ipam": {"type": "host-local"},
+ENTRY = {"type": "rdma-netns", "mode": "shared", "pairing": False, "ipam": {"type": "host-local"},
          "rangeFromNodeAddress": {"prefixLength": 112}, "rails": [{"netdev": "eth1"}]}
 
 

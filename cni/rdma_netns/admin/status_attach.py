@@ -20,7 +20,7 @@ import re
 import shlex
 from collections import Counter
 
-from rdma_netns.admin.status import DEFAULT_CNI_STATE_DIR, DEFAULT_IPAM_DIR, OK, WARN, Attachment, Check, Context
+from rdma_netns.admin.status_context import DEFAULT_CNI_STATE_DIR, DEFAULT_IPAM_DIR, OK, WARN, Attachment, Check, Context
 
 G = "Attachments"
 RAIL_IFNAME = re.compile(r"rdma\d+")  # a rail's default pod-side name
@@ -28,7 +28,7 @@ RAIL_IFNAME = re.compile(r"rdma\d+")  # a rail's default pod-side name
 
 def del_command(ctx: Context, a: Attachment) -> str:
     """The plugin's DEL for one attachment, as a shell line an admin can paste."""
-    conf: dict = {"cniVersion": "1.0.0", "name": a.network, "type": "rdma-netns"}
+    conf: dict = {"cniVersion": "1.0.0", "name": a.network, "type": "rdma-netns", "pairing": False}
     if ctx.state_dir != DEFAULT_CNI_STATE_DIR:
         conf["stateDir"] = ctx.state_dir
     bin_dir = ctx.opts.cni_bin_dir
@@ -91,8 +91,8 @@ def _ipam_dirs(ctx: Context) -> list[str]:
         return [ctx.opts.ipam_dir]
     ipams = [ctx.setting("ipam")] + [r.get("ipam") for r in ctx.rail_entries()]
     ipams += [r.get("ipam") for a in ctx.attachments if a.state for r in a.state.rails]
-    dirs = [i.get("dataDir") or DEFAULT_IPAM_DIR for i in ipams
-            if isinstance(i, dict) and i.get("type") == "host-local"]
+    dirs = [i["dataDir"] if isinstance(i.get("dataDir"), str) and i["dataDir"] else DEFAULT_IPAM_DIR for i in ipams
+            if isinstance(i, dict) and i.get("type") == "host-local"]  # a dataDir of another type: refused at ADD
     return list(dict.fromkeys(dirs)) or [DEFAULT_IPAM_DIR]
 
 

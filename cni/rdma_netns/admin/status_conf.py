@@ -13,7 +13,7 @@ import subprocess
 
 from rdma_netns import __version__
 from rdma_netns.admin import cni_conf
-from rdma_netns.admin.status import FAIL, OK, WARN, Check, Context
+from rdma_netns.admin.status_context import FAIL, OK, WARN, Check, Context
 from rdma_netns.admin.uninstall import LAUNCHER_MARK
 
 LAUNCHER_TIMEOUT = 5.0

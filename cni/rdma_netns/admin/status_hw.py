@@ -3,16 +3,17 @@
 Read through sysfs only (DeviceSysfs under --sysfs-root), so the checks run the same on a node and
 on a test's fake tree. The Devices group is an inventory (every port's state and GID fill); the
 Rails group judges: a rail whose netdev is missing or down, has no RDMA port behind it, or whose
-port is not ACTIVE or whose GID table is full fails, since an ADD on it would fail.
+port is not ACTIVE or whose GID table is full fails, since an ADD on it would fail; GID entries of
+pods' interfaces that no attachment record explains (gid_audit.py: a tenant's own addresses) warn.
 """
 
 from __future__ import annotations
 
 import os
 
-from rdma_netns import mode_policy
+from rdma_netns import gid_audit, mode_policy
 from rdma_netns.admin import mode as mode_cmd
-from rdma_netns.admin.status import FAIL, OK, WARN, Check, Context
+from rdma_netns.admin.status_context import FAIL, OK, WARN, Check, Context
 from rdma_netns.kernel.rdma_devices import RdmaDevice
 from rdma_netns.kernel.rdma_sysfs import GidUsage, RdmaPort
 
@@ -220,7 +221,28 @@ def _rail(ctx: Context, index: int, entry: dict) -> Check:
     usage = _gid_usage(ctx, device, port.port) if device is not None and mode == "shared" else None
     if usage is None:
         return Check(g, name, OK, f"{where} ACTIVE {link_layer}", data=data)
-    return _gid_check(ctx, name, where, usage, netdev, data)
+    check = _gid_check(ctx, name, where, usage, netdev, data)
+    return _unexplained_gids(ctx, port, check)
+
+
+def _unexplained_gids(ctx: Context, port: RdmaPort, check: Check) -> Check:
+    """Entries of pods' interfaces on the rail's port that no attachment record explains: addresses
+    a pod added itself (CAP_NET_ADMIN), which fill the table every pod on the NIC shares."""
+    states = [a.state for a in ctx.attachments if a.state is not None]
+    found = gid_audit.audit(ctx.sysfs, [port], states).get(port)
+    check.data["gidsUnexplained"] = found.unexplained if found else 0
+    if found is None or not found.unexplained:
+        return check
+    shown = ", ".join(f"{gid_audit.address_of(gid)} (on {ndev})" for gid, ndev in found.samples)
+    check.data["gidsUnexplainedSamples"] = [{"gid": gid, "ndev": ndev} for gid, ndev in found.samples]
+    check.detail += (f"; {found.unexplained} GID entries of pods' interfaces that no attachment record explains "
+                     f"(addresses a pod added itself), e.g. {shown}")
+    fix = ("find the pod holding them (`ip -all netns exec ip -br addr | grep <address>` on the node), remove the "
+           "addresses, and forbid NET_ADMIN in pods with rails (docs/security.md: \"Tenants and the GID table\")")
+    check.fix = f"{check.fix}; {fix}" if check.fix else fix
+    if check.state == OK:
+        check.state = WARN
+    return check
 
 
 def _gid_check(ctx: Context, name: str, where: str, usage: GidUsage, netdev: str, data: dict) -> Check:

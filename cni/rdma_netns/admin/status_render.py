@@ -43,6 +43,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rdma_netns.admin import cni_conf, status
+    from rdma_netns.admin.status_context import Options
 
     entry = None
     if args.entry:
@@ -51,11 +52,11 @@ def run(args: argparse.Namespace) -> int:
         except cni_conf.CniConfError as exc:
             print(f"status: {exc}", file=sys.stderr)
             return 2
-    opts = status.Options(sysfs_root=args.sysfs_root, cni_conf_dir=args.cni_conf_dir,
-                          cni_conf_state_dir=args.cni_conf_state_dir, cni_bin_dir=args.cni_bin_dir,
-                          state_dir=args.state_dir, ipam_dir=args.ipam_dir, kubelet_dir=args.kubelet_dir,
-                          pod_grants_socket=args.pod_grants_socket, resources=args.resource, entry=entry,
-                          entry_path=args.entry, modprobe_file=args.modprobe_file)
+    opts = Options(sysfs_root=args.sysfs_root, cni_conf_dir=args.cni_conf_dir,
+                   cni_conf_state_dir=args.cni_conf_state_dir, cni_bin_dir=args.cni_bin_dir,
+                   state_dir=args.state_dir, ipam_dir=args.ipam_dir, kubelet_dir=args.kubelet_dir,
+                   pod_grants_socket=args.pod_grants_socket, resources=args.resource, entry=entry,
+                   entry_path=args.entry, modprobe_file=args.modprobe_file)
     checks = status.collect(opts)
     code = status.exit_code(checks)
     if args.json:
@@ -69,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
 def text(checks: list, code: int) -> str:
     """Grouped lines, `STATE  name  detail`, each problem followed by its `fix:` line."""
     from rdma_netns import __version__
-    from rdma_netns.admin.status import GROUPS
+    from rdma_netns.admin.status_context import GROUPS
 
     width = min(NAME_WIDTH, max((len(c.name) for c in checks), default=0))
     pad = " " * (4 + 2 + width + 2)

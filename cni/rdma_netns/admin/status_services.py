@@ -14,7 +14,7 @@ import os
 import socket
 import stat
 
-from rdma_netns.admin.status import DEFAULT_RESOURCE, FAIL, OK, WARN, Check, Context
+from rdma_netns.admin.status_context import DEFAULT_RESOURCE, FAIL, OK, WARN, Check, Context
 from rdma_netns.admin.status_conf import DS_POD
 from rdma_netns.config.defaults import DEFAULT_POD_RESOURCES_SOCKET
 

@@ -5,8 +5,12 @@ Constants only, and no imports: the CNI hot path loads this module on every call
 import neither the model (pydantic) nor the loader (the two used to import each other).
 """
 
-# Keys a runtime adds per invocation: they are not part of the network's identity.
-RUNTIME_KEYS = ("args", "runtimeConfig", "prevResult", "cni.dev/valid-attachments", "cni.dev/attachments")
+# Keys a runtime adds per invocation: they are not part of the network's identity. Multus adds
+# "deviceID" (and, since 4.0, "pciBusID") to every plugin of a NetworkAttachmentDefinition
+# annotated k8s.v1.cni.cncf.io/resourceName: the device it took from the pod's grant. rdma-netns
+# asks kubelet for the whole grant itself (resourceName), so it accepts and ignores them.
+RUNTIME_KEYS = ("args", "runtimeConfig", "prevResult", "cni.dev/valid-attachments", "cni.dev/attachments",
+                "deviceID", "pciBusID")
 DEFAULT_STATE_DIR = "/var/lib/cni/rdma-netns"
 DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 DEFAULT_POD_GRANTS_SOCKET = "/run/rdma-netns/pod-grants.sock"

@@ -45,7 +45,10 @@ class Strict(BaseModel):
 
 
 class Ipam(BaseModel):
-    """An IPAM delegate's config: its own schema, but it must name a plugin binary."""
+    """An IPAM delegate's config: its own schema, but it must name a plugin binary, and the keys
+    the plugin itself reads (ipam.py shares host-local calls by `ranges`; status reads `dataDir`;
+    netconf.py tells static rails by `ranges`/`subnet`) must have host-local's types, so that a
+    wrong one is a config error naming the key rather than a crash in ADD."""
 
     model_config = ConfigDict(extra="allow")
     type: str
@@ -56,6 +59,54 @@ class Ipam(BaseModel):
         if not PLUGIN_TYPE.match(value) or value in (".", ".."):
             raise ValueError(f"IPAM type {value!r} is not a plugin name")
         return value
+
+    @model_validator(mode="after")
+    def _keys_the_plugin_reads(self) -> Ipam:
+        problem = ipam_key_problem(self.model_extra or {})
+        if problem:
+            raise ValueError(problem)
+        return self
+
+
+# host-local's types for the IPAM keys rdma-netns reads itself (names as host-local spells them).
+IPAM_STRING_KEYS = ("subnet", "rangeStart", "rangeEnd", "gateway")
+
+
+def ipam_key_problem(ipam: dict) -> str | None:
+    """The first IPAM key (its path, e.g. `ranges.0.1.subnet`) whose type is not host-local's, or
+    None. ranges: a list of range sets, each a list of objects whose subnet/rangeStart/rangeEnd/
+    gateway are strings; routes: a list of objects with a string dst (and gw); dataDir: an absolute
+    path."""
+    for key in IPAM_STRING_KEYS:
+        if key in ipam and not isinstance(ipam[key], str):
+            return f"{key} must be a string"
+    if "ranges" in ipam:
+        ranges = ipam["ranges"]
+        if not isinstance(ranges, list):
+            return "ranges must be a list of range sets (lists of {\"subnet\": ...} objects)"
+        for i, range_set in enumerate(ranges):
+            if not isinstance(range_set, list):
+                return f"ranges.{i} must be a list of ranges ({{\"subnet\": ...}} objects)"
+            for j, entry in enumerate(range_set):
+                if not isinstance(entry, dict):
+                    return f"ranges.{i}.{j} must be an object like {{\"subnet\": \"fd00:1::/64\"}}"
+                for key in IPAM_STRING_KEYS:
+                    if key in entry and not isinstance(entry[key], str):
+                        return f"ranges.{i}.{j}.{key} must be a string"
+    if "routes" in ipam:
+        routes = ipam["routes"]
+        if not isinstance(routes, list):
+            return "routes must be a list of {\"dst\": ...} objects"
+        for i, route in enumerate(routes):
+            if not isinstance(route, dict) or not isinstance(route.get("dst"), str):
+                return f"routes.{i} must be an object with a string dst, like {{\"dst\": \"fd00::/16\"}}"
+            if "gw" in route and not isinstance(route["gw"], str):
+                return f"routes.{i}.gw must be a string"
+    if "dataDir" in ipam:
+        data_dir = ipam["dataDir"]
+        if not isinstance(data_dir, str) or not data_dir.startswith("/") or "\0" in data_dir:
+            return "dataDir must be an absolute folder path"
+    return None
 
 
 # host-local keys that say where addresses come from: rangeFromNodeAddress writes them itself.
@@ -142,6 +193,9 @@ class NetConf(Strict):
     capabilities: dict[str, bool] | None = None
     # Pairing with the device plugin: attach only pods kubelet granted units of this resource.
     resourceName: str | None = None
+    # false: attach every pod that reaches this network, on purpose (no kubelet: Podman, the demo;
+    # or the rails are every pod's only network). Without it a config must name resourceName.
+    pairing: bool | None = None
     podResourcesSocket: str = DEFAULT_POD_RESOURCES_SOCKET
     podResourcesTimeoutMs: int = Field(default=DEFAULT_POD_RESOURCES_TIMEOUT_MS, ge=1, le=MAX_POD_RESOURCES_TIMEOUT_MS)
     podGrantsSocket: str = DEFAULT_POD_GRANTS_SOCKET
@@ -217,7 +271,21 @@ class NetConf(Strict):
             if not self.rails and self.ipam is None:
                 raise ValueError("ipam is required (top-level, or per rail)")
         self._node_ranges_fit()
+        self._pairing_said()
         return self
+
+    def _pairing_said(self) -> None:
+        """A config pairs attachments with kubelet's grants (resourceName) or says it does not
+        (`pairing: false`): left out by mistake, any pod that names the network would get rails,
+        fabric addresses and GID entries without being granted rdma/hca (issue 36)."""
+        if self.resourceName is not None and self.pairing is False:
+            raise ValueError("resourceName pairs pods with kubelet's grants and \"pairing\": false turns that off: "
+                             "keep one of them")
+        if self.resourceName is None and self.pairing is not False:
+            raise ValueError("resourceName is missing: without it every pod that names this network gets rails, "
+                             "not only pods granted the device plugin's resource. Add \"resourceName\": \"rdma/hca\" "
+                             "(the device plugin's resource), or, where no kubelet pairs pods (Podman, a demo) or "
+                             "the rails are every pod's network, say so with \"pairing\": false")
 
     def _node_ranges_fit(self) -> None:
         """rangeFromNodeAddress fills host-local's ranges: the IPAM must be host-local without its
@@ -263,6 +331,7 @@ def describe_errors(exc: Exception) -> str:
     for err in errors():
         where = ".".join(str(p) for p in err.get("loc", ())) or "config"
         reason = "unknown field" if err.get("type") == "extra_forbidden" else err.get("msg", "invalid")
+        reason = reason.removeprefix("Value error, ")  # pydantic's prefix for our own checks' messages
         parts.append(f"{where}: {reason}")
     return "; ".join(parts)
 

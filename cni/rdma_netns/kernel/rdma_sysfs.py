@@ -360,6 +360,28 @@ class RdmaSysfs:
         types = {_read(f"{base}/gid_attrs/types/{i}") for i in (0, 1)}
         return GidUsage(total, used, 2 if "IB/RoCE v1" in types else 1, in_pods)
 
+    def netdevs_here(self) -> list[str]:
+        """The netdevs of this network namespace (class/net): a GID entry whose ndev is not among
+        them belongs to an interface in another namespace (a pod's)."""
+        return _list(f"{self.root}/class/net")
+
+    def used_gids(self, port: RdmaPort) -> list[GidEntry]:
+        """Every entry in use (its gid_attrs/ndevs answers, as gid_usage counts them), with its GID,
+        type and netdev: the whole table, one read per entry and three per used one."""
+        base = f"{self.root}/class/infiniband/{port.device}/ports/{port.port}"
+        try:
+            total = len(posix.listdir(f"{base}/gids"))
+        except OSError:
+            return []
+        out = []
+        for index in range(total):
+            ndev = _read_raw(f"{base}/gid_attrs/ndevs/{index}")
+            if ndev is None:
+                continue
+            out.append(GidEntry(index, _read(f"{base}/gids/{index}") or "", _read(f"{base}/gid_attrs/types/{index}")
+                                or "", ndev.strip()))
+        return out
+
     def missing_gid_facts(self, device: str, port: int, address: str) -> dict:
         """What a port has when the GID of `address` did not appear (plain data: it may be read in
         a child with a pod's sysfs view): its table's use, and the address's entries of another

@@ -16,13 +16,11 @@ from __future__ import annotations
 from rdma_netns import mode_policy
 from rdma_netns.config.netconf import NetConfig
 from rdma_netns.kernel import rdma_sysfs
-from rdma_netns.modes.base import Mode
+from rdma_netns.modes.base import RDMA_DEVICE_LINK, Mode
 from rdma_netns.modes.shared import SharedMode
 from rdma_netns.spec.errors import WRONG_RDMA_MODE, CniError
 
-__all__ = ["Mode", "effective_mode", "select", "for_state", "for_config"]
-
-RDMA_DEVICE_LINK = "rdma-device"  # the state's "link" of rdma_device.RdmaDeviceMode (imported lazily)
+__all__ = ["Mode", "RDMA_DEVICE_LINK", "effective_mode", "select", "for_state", "for_config"]
 
 
 def effective_mode(configured: str, kernel: str | None) -> str:

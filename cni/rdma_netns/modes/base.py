@@ -14,6 +14,9 @@ from rdma_netns.kernel.netlink import NetlinkSocket
 from rdma_netns.rails import Rail
 
 
+RDMA_DEVICE_LINK = "rdma-device"  # the state's "link" of rdma_device.RdmaDeviceMode (imported lazily)
+
+
 class Mode:
     """One way of getting a rail into a pod and out again."""
 

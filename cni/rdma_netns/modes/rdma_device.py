@@ -9,8 +9,7 @@ from __future__ import annotations
 from rdma_netns.config.netconf import NetConfig
 from rdma_netns.kernel import rdma_sysfs, rtnl
 from rdma_netns.kernel.netlink import NetlinkSocket
-from rdma_netns.modes import RDMA_DEVICE_LINK
-from rdma_netns.modes.base import Mode
+from rdma_netns.modes.base import RDMA_DEVICE_LINK, Mode
 from rdma_netns.modes.exclusive import move_rdma_device, rdma_device_visible
 from rdma_netns.spec.errors import INVALID_CONFIG, NOT_GRANTED, RAIL_UNAVAILABLE, CniError
 
