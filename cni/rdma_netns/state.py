@@ -25,8 +25,8 @@ import posix
 import sys
 import time
 
-from rdma_netns import fsutil, paths
-from rdma_netns.spec.errors import IO_FAILURE, TRY_AGAIN_LATER, CniError
+from rdma_netns import fsutil, paths, trusted_paths
+from rdma_netns.spec.errors import INVALID_CONFIG, IO_FAILURE, TRY_AGAIN_LATER, CniError
 
 LOCKS = "locks"
 CACHE_FOLDER = "verified-configs"  # config/loader.py's verdicts
@@ -58,6 +58,8 @@ class StateStore:
             fsutil.ensure_private_dir(self.root)
             fsutil.ensure_private_dir(self.folder)
             fsutil.ensure_private_dir(f"{self.root}/locks")
+        except trusted_paths.Untrusted as exc:  # the loader checked stateDir; changed since by root
+            raise CniError(INVALID_CONFIG, f"invalid network config: stateDir {self.root!r} is refused: {exc}") from None
         except OSError as exc:
             raise CniError(IO_FAILURE, f"state folder {self.folder} is not usable: {exc}") from None
 
