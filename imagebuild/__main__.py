@@ -89,6 +89,8 @@ def main() -> int:
     parser.add_argument("--out", required=True, type=Path, help="the OCI archive to write")
     parser.add_argument("--cache", type=Path, default=Path(os.environ.get("RDMA_NETNS_IMAGE_CACHE",
                                                                           "/var/cache/rdma-netns-image")))
+    parser.add_argument("--test-hooks", action="store_true",
+                        help="a test build: its plugin honours the test-only variables (the deploy suite)")
     args = parser.parse_args()
     if os.geteuid() != 0:
         log("run as root (mmdebstrap, chroot)")
@@ -104,7 +106,7 @@ def main() -> int:
         debian_root(args.cache, [], work / "image-root")
         wheels(args.cache, work / "wheels")
         log(f"release {args.release}: python closure and venv")
-        built = release.build(work / "build-root", args.release, work / "wheels")
+        built = release.build(work / "build-root", args.release, work / "wheels", test_hooks=args.test_hooks)
         image_root = work / "image-root"
         target = image_root / Path(release.PREFIX).relative_to("/")
         target.mkdir(parents=True)
@@ -128,7 +130,8 @@ def main() -> int:
         release_bytes = sum(p.stat().st_size for p in built.rglob("*") if p.is_file() and not p.is_symlink())
     print(json.dumps({"image": args.name, "archive": str(args.out), "manifest": manifest,
                       "archiveBytes": args.out.stat().st_size, "layerBytes": len(layer.data),
-                      "releaseBytes": release_bytes, "seconds": round(time.monotonic() - start, 1)}))
+                      "releaseBytes": release_bytes, "testHooks": args.test_hooks,
+                      "seconds": round(time.monotonic() - start, 1)}))
     return 0
 
 

@@ -74,9 +74,11 @@ def elves_under(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*.so*") if p.is_file() and not p.is_symlink())
 
 
-def build(root: Path, release: str, wheels: Path) -> Path:
+def build(root: Path, release: str, wheels: Path, test_hooks: bool = False) -> Path:
     """Make <root>/opt/rdma-netns-ds/<release> from the build root's Debian python and `wheels`
-    (rdma-netns and its dependencies, installed with --no-index). Returns the folder."""
+    (rdma-netns and its dependencies, installed with --no-index). Returns the folder.
+    `test_hooks`: a test build, whose plugin honours the test-only variables (the deploy suite's
+    fake sysfs and /dev: rdma_netns/testhooks.py); a release image never is one."""
     home = Path(PREFIX) / release           # the path on the node and in the image
     out = root / home.relative_to("/")
     if out.exists():
@@ -118,6 +120,11 @@ def build(root: Path, release: str, wheels: Path) -> Path:
         str(home / "python/lib" / PYTHON), str(venv / "lib"), env=env)
     for tool in ("rdma-netns", "rdma-netns-dp"):
         run(*chroot, str(venv / "bin" / tool), "--version", env=env)
+    if test_hooks:
+        from rdma_netns.testhooks import MARKER
+
+        (package,) = (out / "venv/lib").glob("python3*/site-packages/rdma_netns")
+        (package / MARKER).write_text("a test build: the test-only variables are honoured (rdma_netns/testhooks.py)\n")
     (out / "BUILD-STAMP").write_text(tree_hash(out) + "\n")
     return out
 

@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import posix
 
-from rdma_netns import fsutil, jsonio, paths, pod_info, trusted_paths
-from rdma_netns.spec.env import process_environ
+from rdma_netns import fsutil, jsonio, paths, pod_info, testhooks, trusted_paths
 
 CDI_VERSION = "0.5.0"
 SPEC_PREFIX = "rdma-netns-pod-"
 RDMA_CM = "rdma_cm"
-# Tests point this at a fake /dev (like RDMA_NETNS_SYSFS_ROOT for sysfs); a node never sets it.
-DEV_ROOT = process_environ().get("RDMA_NETNS_DEV_ROOT") or "/dev"
+# Tests point this at a fake /dev (like RDMA_NETNS_SYSFS_ROOT for sysfs); only a test build
+# honours the variable (testhooks.py).
+DEV_ROOT = testhooks.get(testhooks.DEV_ROOT) or "/dev"
 _UNIT_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.:-")
 
 
