@@ -14,6 +14,16 @@ def ensure_private_dir(path: str) -> None:
     trusted_paths.make_folder(path, 0o700)
 
 
+def make_daemon_folder(path: str) -> None:
+    """The device-plugin daemon's own folder (its grants socket, the CNI events FIFO): 0700
+    whatever made it (kubelet's hostPath DirectoryOrCreate makes it 0755), so only root reaches
+    what is in it. Only a folder that passes trusted_paths is tightened: a shared one (sticky like
+    /tmp, or writable by others) is refused, never taken away from whoever else uses it."""
+    trusted_paths.make_folder(path, 0o700)
+    if posix.lstat(path).st_mode & 0o7777 != 0o700:
+        posix.chmod(path, 0o700)
+
+
 def read_json(path: str) -> object | None:
     """The JSON in `path`, or None when it is missing, a symlink or unreadable garbage."""
     try:
