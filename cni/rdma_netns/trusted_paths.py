@@ -16,8 +16,8 @@ with the caller's mode whatever the umask, and checks by the same rule one that 
 first. It never changes the mode or owner of a folder it did not make. A refusal raises Untrusted
 (an OSError), whose text says which folder and why.
 
-Nobody but root can change a folder that passed, so a folder checked once on the way is not
-checked again by the same process (the CNI lives for one call). Standard library only, no os: the
+Nobody but root can change a folder that passed, so what passed once (a folder on the way, the
+named folder or FIFO) is not looked at again by the same process: the CNI lives for one call. Standard library only, no os: the
 CNI's hot path uses it (paths.py).
 """
 
@@ -31,6 +31,8 @@ OTHERS_WRITE = 0o022
 FIFO_MODE = 0o600  # rdma_netns_dp.cni_events makes its FIFO so
 _EUID = posix.geteuid()
 _checked: set[str] = set()  # real paths of folders on the way that passed (see the docstring)
+_real: dict[str, str] = {}  # a path as given -> the real path it led to, for folders that passed
+_named: dict[str, posix.stat_result] = {}  # a named folder or FIFO that passed, as given: its lstat
 _KINDS = {0o140000: "a socket", 0o120000: "a symlink", 0o100000: "a regular file", 0o060000: "a block device",
           0o040000: "a folder", 0o020000: "a character device", 0o010000: "a FIFO"}
 
@@ -58,6 +60,8 @@ class Found:
 def forget() -> None:
     """Drop what this process has checked (tests that change modes between calls)."""
     _checked.clear()
+    _real.clear()
+    _named.clear()
 
 
 def kind(st: posix.stat_result) -> str:
@@ -95,16 +99,29 @@ def _check_on_the_way(path: str, st: posix.stat_result) -> None:
 
 
 def walk(path: str) -> Found:
-    """Follow the absolute `path` from /, checking each folder and symlink on the way."""
+    """Follow the absolute `path` from /, checking each folder and symlink on the way. A prefix
+    of `path` this process has walked before starts from where it led (no lstat again)."""
     if not path.startswith("/") or "\0" in path:
         raise Untrusted(f"{path!r} is not an absolute path")
-    todo = _parts(path)
-    todo.reverse()  # a stack: the next name last
-    real = "/"
-    _check_on_the_way("/", posix.lstat("/"))
+    parts = _parts(path)
+    real, first = "/", 0
+    for k in range(len(parts) - 1, 0, -1):  # the named component itself is always looked at
+        known = _real.get("/" + "/".join(parts[:k]))
+        if known is not None:
+            real, first = known, k
+            break
+    else:
+        if "/" not in _checked:
+            _check_on_the_way("/", posix.lstat("/"))
+    # A stack of (name, i): i is the index in `parts` of an original component, -1 for a part of
+    # a symlink's target; (None, i) marks where component i's symlink has been followed to its end.
+    todo: list[tuple[str | None, int]] = [(parts[i], i) for i in range(len(parts) - 1, first - 1, -1)]
     links = 0
     while todo:
-        name = todo.pop()
+        name, i = todo.pop()
+        if name is None:
+            _real["/" + "/".join(parts[:i + 1])] = real
+            continue
         if name == "..":  # only from a symlink's target: the config's own paths have none
             real = real.rpartition("/")[0] or "/"
             continue
@@ -112,9 +129,10 @@ def walk(path: str) -> Found:
         try:
             st = posix.lstat(child)
         except FileNotFoundError:
-            todo.append(name)
-            todo.reverse()
-            return Found(real, todo, None)
+            missing = [name] + [n for n, _j in reversed(todo) if n is not None]
+            if ".." in missing:
+                raise Untrusted(f"{path}: a symlink on the way leads through a missing folder") from None
+            return Found(real, missing, None)
         if not todo:
             return Found(real, [], st, name)
         if S_ISLNK(st.st_mode):
@@ -126,11 +144,21 @@ def walk(path: str) -> Found:
             target = posix.readlink(child)
             if target.startswith("/"):
                 real = "/"
-            todo.extend(reversed(_parts(target)))
+            if i >= 0:
+                todo.append((None, i))
+            todo.extend((n, -1) for n in reversed(_parts(target)))
             continue
         _check_on_the_way(child, st)
         real = child
+        if i >= 0:
+            _real["/" + "/".join(parts[:i + 1])] = child
     return Found("/", [], posix.lstat("/"), "")  # the path is / itself
+
+
+def _passed(path: str, real: str) -> None:
+    """The named folder passed (a stricter rule than on the way): later walks may pass through it."""
+    _checked.add(real)
+    _real["/" + "/".join(_parts(path))] = real
 
 
 def _check_folder(path: str, st: posix.stat_result) -> None:
@@ -152,19 +180,27 @@ def _check_folder(path: str, st: posix.stat_result) -> None:
 def check_folder(path: str) -> bool:
     """True when the folder `path` exists and passes, False when it is missing (and every folder
     on the way to it passes); Untrusted otherwise."""
+    if path in _named:
+        return True
     found = walk(path)
     if found.st is None:
         return False
     _check_folder(path, found.st)
+    _passed(path, found.path)
+    _named[path] = found.st
     return True
 
 
 def make_folder(path: str, mode: int) -> None:
     """Make the folder `path` and the missing ones on the way, each with `mode` (not filtered by
     the umask); check one somebody else made first by the same rule. Untrusted or OSError."""
+    if path in _named:
+        return
     found = walk(path)
     if found.st is not None:
         _check_folder(path, found.st)
+        _passed(path, found.path)
+        _named[path] = found.st
         return
     folder = found.parent
     for i, name in enumerate(found.missing):
@@ -184,11 +220,15 @@ def make_folder(path: str, mode: int) -> None:
             _check_on_the_way(child, st)
         _checked.add(child)
         folder = child
+    _passed(path, folder)
 
 
 def check_fifo(path: str) -> posix.stat_result | None:
     """The lstat of the FIFO at `path` when it is one rdma-netns-dp made (root's, 0600, in
     folders that pass); None when nothing is there; Untrusted for anything else."""
+    st = _named.get(path)
+    if st is not None:
+        return st
     st = walk(path).st
     if st is None:
         return None
@@ -198,4 +238,5 @@ def check_fifo(path: str) -> posix.stat_result | None:
         raise Untrusted(f"{path} is a FIFO that {_owner(st)}")
     if st.st_mode & 0o7777 != FIFO_MODE:
         raise Untrusted(f"{path} is a FIFO with mode {st.st_mode & 0o7777:o}, not {FIFO_MODE:o} as rdma-netns-dp makes it")
+    _named[path] = st
     return st

@@ -165,10 +165,12 @@ def test_the_fifo(tmp_path):
     os.mkfifo(fifo, 0o600)
     assert trusted_paths.check_fifo(str(fifo)).st_ino == os.lstat(fifo).st_ino
     os.chmod(fifo, 0o622)
+    trusted_paths.forget()  # what passed is not looked at again by the same process (root alone can change it)
     with pytest.raises(Untrusted, match="mode 622"):
         trusted_paths.check_fifo(str(fifo))
     os.chmod(fifo, 0o600)
     os.chown(fifo, NOBODY, 0)
+    trusted_paths.forget()
     with pytest.raises(Untrusted, match="uid 65534"):
         trusted_paths.check_fifo(str(fifo))
     device = run / "watchdog"
@@ -181,6 +183,15 @@ def test_the_fifo(tmp_path):
     (run / "file").write_text("")
     with pytest.raises(Untrusted, match="regular file"):
         trusted_paths.check_fifo(str(run / "file"))
+
+
+def test_what_passed_is_not_looked_at_again(tmp_path, monkeypatch):
+    """One CNI call checks stateDir at load and again when it makes its folders: once is enough."""
+    named = folder(tmp_path / "state")
+    assert trusted_paths.check_folder(str(named))
+    monkeypatch.setattr(trusted_paths.posix, "lstat", lambda *a: pytest.fail("looked at again"))
+    assert trusted_paths.check_folder(str(named))
+    trusted_paths.make_folder(str(named), 0o700)
 
 
 def test_relative_paths_are_refused():
