@@ -54,12 +54,17 @@ class StateStore:
         self.folder = f"{state_dir}/{network}"
 
     def prepare(self) -> None:
+        """The state folder (the config's stateDir: refused with 7, as the loader does) and the
+        plugin's own folders in it (one in the way there: 5, the state folder is not usable)."""
         try:
             fsutil.ensure_private_dir(self.root)
+        except trusted_paths.Untrusted as exc:
+            raise CniError(INVALID_CONFIG, f"invalid network config: stateDir {self.root!r} is refused: {exc}") from None
+        except OSError as exc:
+            raise CniError(IO_FAILURE, f"state folder {self.root} is not usable: {exc}") from None
+        try:
             fsutil.ensure_private_dir(self.folder)
             fsutil.ensure_private_dir(f"{self.root}/locks")
-        except trusted_paths.Untrusted as exc:  # the loader checked stateDir; changed since by root
-            raise CniError(INVALID_CONFIG, f"invalid network config: stateDir {self.root!r} is refused: {exc}") from None
         except OSError as exc:
             raise CniError(IO_FAILURE, f"state folder {self.folder} is not usable: {exc}") from None
 

@@ -15,8 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import installed_executable
-
 pytestmark = pytest.mark.netns
 
 
@@ -123,5 +121,4 @@ def test_the_admin_tool_of_a_release_reads_the_real_sysfs(tmp_path, release_inst
     out = subprocess.run([release_install, "devices", "--json"], env=env, capture_output=True, text=True)
     assert "RDMA_NETNS_SYSFS_ROOT is a test hook; ignored" in out.stderr
     assert str(tmp_path) not in out.stdout
-    json.loads(out.stdout or "null")
-    assert installed_executable()
+    assert out.returncode == 0 and json.loads(out.stdout) == [], out.stdout  # this machine has no RDMA devices

@@ -8,7 +8,6 @@ naming the socket and its owner's uid.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -81,4 +80,3 @@ def test_a_broker_not_served_by_root_is_not_asked_and_not_believed(node, foreign
     assert set(node.links(pod)) == {"lo"}, "nothing attached on a foreign broker's word"
     questions = record.read_text().splitlines()
     assert all(q == "(nothing)" for q in questions), f"the pod's identity went to a foreign broker: {questions}"
-    json.dumps(questions)
