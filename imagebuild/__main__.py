@@ -84,6 +84,8 @@ def main() -> int:
     parser.add_argument("--out", required=True, type=Path, help="the OCI archive to write")
     parser.add_argument("--cache", type=Path, default=Path(os.environ.get("RDMA_NETNS_IMAGE_CACHE",
                                                                           "/var/cache/rdma-netns-image")))
+    parser.add_argument("--test-hooks", action="store_true",
+                        help="a test build: its plugin honours the test-only variables (the deploy suite)")
     args = parser.parse_args()
     if os.geteuid() != 0:
         log("run as root (mmdebstrap, chroot)")
@@ -101,7 +103,7 @@ def main() -> int:
                  "image-root": debian.root(args.cache, IMAGE_ROOT, work / "image-root")}
         wheel_hashes = wheels(args.cache, work / "wheels")
         log(f"release {args.release}: python closure and venv")
-        built = release.build(work / "build-root", args.release, work / "wheels")
+        built = release.build(work / "build-root", args.release, work / "wheels", test_hooks=args.test_hooks)
         image_root = work / "image-root"
         target = image_root / Path(release.PREFIX).relative_to("/")
         target.mkdir(parents=True)
@@ -145,7 +147,7 @@ def main() -> int:
     print(json.dumps({"image": args.name, "digest": manifest, "pinned": f"{repository}@{manifest}",
                       "archive": str(args.out), "sbom": str(sbom_out), "manifest": manifest,
                       "archiveBytes": args.out.stat().st_size, "layerBytes": len(layer.data),
-                      "releaseBytes": release_bytes, "debianDate": debian_date,
+                      "releaseBytes": release_bytes, "debianDate": debian_date, "testHooks": args.test_hooks,
                       "seconds": round(time.monotonic() - start, 1)}))
     return 0
 

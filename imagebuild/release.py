@@ -128,10 +128,12 @@ class Release:
     origins: dict[str, str]     # path in the folder -> the Debian file it was copied from (build root)
 
 
-def build(root: Path, release: str, wheels: Path) -> Release:
+def build(root: Path, release: str, wheels: Path, test_hooks: bool = False) -> Release:
     """Make <root>/opt/rdma-netns-ds/<release> from the build root's Debian python and `wheels`
     (rdma-netns and its dependencies as imagebuild/requirements.lock pins them, installed with
-    --no-index --require-hashes)."""
+    --no-index --require-hashes).
+    `test_hooks`: a test build, whose plugin honours the test-only variables (the deploy suite's
+    fake sysfs and /dev: rdma_netns/testhooks.py); a release image never is one."""
     home = Path(PREFIX) / release           # the path on the node and in the image
     out = root / home.relative_to("/")
     if out.exists():
@@ -191,6 +193,11 @@ def build(root: Path, release: str, wheels: Path) -> Release:
     # Every module of ours imports with what is left (a stdlib part cut above that something needs
     # fails the build here, not on a node).
     run(*chroot, str(venv / "bin/python"), "-I", "-B", "-c", IMPORT_ALL, env=env)
+    if test_hooks:
+        from rdma_netns.testhooks import MARKER
+
+        (package,) = (out / "venv/lib").glob("python3*/site-packages/rdma_netns")
+        (package / MARKER).write_text("a test build: the test-only variables are honoured (rdma_netns/testhooks.py)\n")
     (out / "BUILD-STAMP").write_text(tree_hash(out) + "\n")
     return Release(out, origins)
 

@@ -3,6 +3,8 @@ guest suite runs inside the QEMU guest (run-suite.sh sets GUEST_RESULTS there)."
 
 import os
 
+from tests.conftest import enable_test_hooks
+
 collect_ignore = [] if os.environ.get("GUEST_RESULTS") else ["guest_suite"]
 
 # Lines the real-kernel runner wants shown at the end of the run (boot time, per-call times).
@@ -14,3 +16,7 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("real-kernel guest")
         for line in GUEST_REPORT:
             terminalreporter.write_line(line)
+
+
+def pytest_configure(config):
+    enable_test_hooks()  # the suites run the test venv's plugin with test-only variables (testhooks.py)

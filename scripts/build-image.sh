@@ -4,8 +4,10 @@
 # folder /opt/rdma-netns-ds/<RELEASE>/ with its own Python and libraries (imagebuild/release.py),
 # one layer, an OCI archive that `ctr -n k8s.io images import` and `podman load` take.
 #
-#   scripts/build-image.sh [--release R] [--name IMAGE] [--out FILE]
+#   scripts/build-image.sh [--release R] [--name IMAGE] [--out FILE] [--test-hooks]
 #
+# --test-hooks makes a test build (the deploy suite's): its plugin honours the test-only environment
+# variables (cni/rdma_netns/testhooks.py). Never for an image a node runs.
 # RELEASE must differ for every build (the init container refuses two builds under one name):
 # by default <version>-<commit>[-dirty-<hash of the changes>]. Prints a JSON summary last.
 set -euo pipefail
@@ -19,11 +21,13 @@ if [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then
 fi
 name=""
 out=""
+test_hooks=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --release) release=$2; shift 2 ;;
     --name) name=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
+    --test-hooks) test_hooks=(--test-hooks); shift ;;
     *) echo "build-image.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -39,4 +43,4 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 [ -x .venv/bin/python ] || scripts/setup.sh >/dev/null
-exec .venv/bin/python -m imagebuild --release "$release" --name "$name" --out "$out"
+exec .venv/bin/python -m imagebuild --release "$release" --name "$name" --out "$out" "${test_hooks[@]}"

@@ -36,6 +36,9 @@ fi
 # cache would otherwise ship modules this checkout no longer has).
 rm -rf build
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps --force-reinstall .
+# A test install: its plugin honours the test-only environment variables the suites set
+# (cni/rdma_netns/testhooks.py); install.sh and the release image never write this marker.
+.venv/bin/python -I -c 'from rdma_netns import testhooks; open(testhooks.marker_path(), "w").write("a test build\n")'
 # containerd 1.7 (Debian 13's, read through a private apt state) beside Debian 12's 1.6: the CRI and
 # deploy suites run on both (1.7 for CDI); the machine's own containerd stays 1.6.
 integration/cri/fetch-containerd.sh >/dev/null

@@ -48,6 +48,30 @@ def _leaves_nothing_on_the_machine():
         pytest.fail(f"the test left files on the machine (use the test's own folders): {left[:10]}")
 
 
+def enable_test_hooks() -> None:
+    """Make the test venv's installed rdma-netns a test build: it honours the test-only variables
+    the suites set (RDMA_NETNS_FAULT_AT, RDMA_NETNS_SYSFS_ROOT, RDMA_NETNS_DEV_ROOT) only with the
+    marker beside its package (cni/rdma_netns/testhooks.py). scripts/setup.sh writes it too; this
+    puts it back after a plain `pip install --force-reinstall .`. Only in a virtual environment,
+    never for RDMA_NETNS_BIN (someone else's install), and best effort: a read-only install (the
+    guest's view of the host) keeps what it has."""
+    if sys.prefix == sys.base_prefix or os.environ.get("RDMA_NETNS_BIN"):
+        return
+    try:
+        found = subprocess.run([sys.executable, "-I", "-c",
+                                "from rdma_netns import testhooks; print(testhooks.marker_path())"],
+                               capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+        marker = Path(found)
+        if found and not marker.exists():
+            marker.write_text("a test build: the test-only variables are honoured (rdma_netns/testhooks.py)\n")
+    except (OSError, subprocess.SubprocessError):
+        pass
+
+
+def pytest_configure(config) -> None:
+    enable_test_hooks()
+
+
 def installed_executable() -> str:
     """The rdma-netns executable of the installed package (not the source tree)."""
     beside = Path(sys.executable).parent / "rdma-netns"

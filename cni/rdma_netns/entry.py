@@ -17,6 +17,11 @@ from rdma_netns.spec.env import CniEnv, process_environ, read_env
 from rdma_netns.spec.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, CniError
 
 INTERNAL_ERROR = 999
+# The most of stdin a call reads. A network config is small: one from the API server (a Multus
+# NetworkAttachmentDefinition, a ConfigMap) cannot exceed etcd's 1.5 MiB request limit, and the
+# largest a runtime adds is GC's list of every attachment on the node (~100 bytes each: 40,000 fit).
+# Read whole, a 200 MB config cost the call 790 MB of memory.
+MAX_STDIN = 4 << 20
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,7 +79,10 @@ def _run_cni(environ: dict[str, str] | None, stdin: bytes | None, outcome: dict)
     early = None
     try:
         env = read_env(environ)
-        data = sys.stdin.buffer.read() if stdin is None else stdin
+        data = sys.stdin.buffer.read(MAX_STDIN + 1) if stdin is None else stdin
+        if len(data) > MAX_STDIN:
+            raise CniError(DECODE_FAILURE, f"config on stdin is larger than {MAX_STDIN >> 20} MiB, far more than "
+                           "any network config; not read further")
         if env.command == "VERSION":
             from rdma_netns.spec import versions
 

@@ -7,8 +7,9 @@ socket: opening and writing one needs only `os`, which every call has loaded, wh
 module costs 0.1-0.3 ms to import, more than this whole step may take. Opened non-blocking, it
 fails at once when no daemon reads it (ENXIO), when it is absent (ENOENT), or when its buffer
 is full (EAGAIN): the event is dropped and the call goes on. A line of at most PIPE_BUF (4096)
-bytes is written whole or not at all, so concurrent calls never interleave. Only a FIFO is written
-to: a symlink or a regular file at the path is left alone. Cost: integration/bench/cni_events_cost.py.
+bytes is written whole or not at all, so concurrent calls never interleave. Only the FIFO the daemon
+makes is opened (root's, 0600, in folders only root can change: trusted_paths.check_fifo), and
+only after lstat showed it: a device, a symlink or a regular file at the path is never opened. Cost: integration/bench/cni_events_cost.py.
 
 The event (contract C, read by rdma_netns_dp.cni_events), one line:
   {"v": 1, "cmd": "ADD", "code": 0, "s": 0.0214, "net": "rdma-8rails",
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import posix
 
-from rdma_netns import jsonio
+from rdma_netns import jsonio, trusted_paths
 from rdma_netns.config.defaults import DEFAULT_EVENTS_FIFO as DEFAULT_PATH
 
 PIPE_BUF = 4096
@@ -51,11 +52,16 @@ def send(path: str, command: str, code: int, seconds: float, network: str) -> No
         line = (jsonio.dumps(event) + "\n").encode()
         if len(line) > PIPE_BUF:
             return
+        # Looked at before it is opened: opening a device (a watchdog) can act by itself.
+        seen = trusted_paths.check_fifo(path)
+        if seen is None:
+            return
         fd = posix.open(path, posix.O_WRONLY | posix.O_NONBLOCK | posix.O_CLOEXEC | posix.O_NOFOLLOW)
     except (OSError, ValueError, TypeError):
-        return  # no daemon reading, no FIFO, a path too long: the call itself is what matters
+        return  # no daemon reading, no FIFO, not the daemon's, a path too long: the call is what matters
     try:
-        if posix.fstat(fd).st_mode & _FILE_TYPE == _FIFO:
+        st = posix.fstat(fd)
+        if st.st_mode & _FILE_TYPE == _FIFO and (st.st_dev, st.st_ino) == (seen.st_dev, seen.st_ino):
             posix.write(fd, line)
     except OSError:
         pass  # EAGAIN: the daemon is behind; this event is dropped

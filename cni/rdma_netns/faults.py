@@ -6,18 +6,18 @@ it reaches that point (the way an OOM kill or a node agent would end it: no clea
 Points: state-written, ipam-<i>, attached-<i>, addressed-<i> (i: the rail's position),
 netdev-moved-<ifname> (exclusive: between the netdev's and the RDMA device's moves),
 before-ready, before-result. Unset (always, in production), a
-point costs one dictionary lookup.
+point costs one dictionary lookup. A test hook: honoured only by a test build (testhooks.py).
 """
 
 from __future__ import annotations
 
 import posix
 
-from rdma_netns.spec.env import process_environ
+from rdma_netns import testhooks
 
-VARIABLE = "RDMA_NETNS_FAULT_AT"
+VARIABLE = testhooks.FAULT_AT
 
 
 def point(name: str) -> None:
-    if process_environ().get(VARIABLE) == name:
+    if testhooks.get(VARIABLE) == name:
         posix.kill(posix.getpid(), 9)

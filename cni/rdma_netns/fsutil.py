@@ -4,23 +4,23 @@ from __future__ import annotations
 
 import errno
 import posix
-import stat
 
-from rdma_netns import jsonio, paths
+from rdma_netns import jsonio, paths, trusted_paths
 
 
 def ensure_private_dir(path: str) -> None:
-    """Create `path` (and parents) 0700; refuse a symlink or a folder others can write."""
-    try:
-        st = posix.lstat(path)
-    except FileNotFoundError:
-        paths.makedirs(path, mode=0o700)
-        st = posix.lstat(path)
-    if not stat.S_ISDIR(st.st_mode):
-        raise OSError(f"{path} is not a folder (a symlink or file is in the way)")
-    if st.st_uid != posix.geteuid():
-        raise OSError(f"{path} belongs to uid {st.st_uid}, not to this process")
-    if stat.S_IMODE(st.st_mode) != 0o700:
+    """Make `path` (and the folders missing on the way) 0700; an existing one is used only when
+    nobody but root can change it, and its mode is left alone (trusted_paths.py)."""
+    trusted_paths.make_folder(path, 0o700)
+
+
+def make_daemon_folder(path: str) -> None:
+    """The device-plugin daemon's own folder (its grants socket, the CNI events FIFO): 0700
+    whatever made it (kubelet's hostPath DirectoryOrCreate makes it 0755), so only root reaches
+    what is in it. Only a folder that passes trusted_paths is tightened: a shared one (sticky like
+    /tmp, or writable by others) is refused, never taken away from whoever else uses it."""
+    trusted_paths.make_folder(path, 0o700)
+    if posix.lstat(path).st_mode & 0o7777 != 0o700:
         posix.chmod(path, 0o700)
 
 

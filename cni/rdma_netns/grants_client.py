@@ -14,7 +14,7 @@ from _socket import socket
 
 from rdma_netns import events, jsonio
 from rdma_netns.config.netconf import NetConfig
-from rdma_netns.grants_early import Early, connect_and_send, request
+from rdma_netns.grants_early import Early, ForeignBroker, connect_and_send, request
 from rdma_netns.spec.errors import PAIRING_UNAVAILABLE, CniError
 
 MAX_ANSWER = 1 << 20
@@ -61,6 +61,9 @@ def query(net: NetConfig, namespace: str, name: str, uid: str, early: Early | No
         except TimeoutError:
             raise CniError(PAIRING_UNAVAILABLE, f"the grants broker {broker} did not answer in {timeout + 0.25:.2f} s",
                            "kubelet's PodResources API may be slow; raise podResourcesTimeoutMs") from None
+        except ForeignBroker as exc:
+            raise CniError(PAIRING_UNAVAILABLE, str(exc), "podGrantsSocket names rdma-netns-dp's socket "
+                           "(root's); \"\" asks kubelet directly") from None
         except OSError as exc:
             if exc.errno not in NO_BROKER:
                 raise CniError(PAIRING_UNAVAILABLE, f"the device plugin's grants broker {broker} failed: "

@@ -14,7 +14,9 @@ question leaves is start-up the broker cannot overlap.
 
 from __future__ import annotations
 
-from _socket import AF_UNIX, SOCK_CLOEXEC, SOCK_STREAM, socket
+import posix
+import sys
+from _socket import AF_UNIX, SO_PEERCRED, SOCK_CLOEXEC, SOCK_STREAM, SOL_SOCKET, socket
 
 from rdma_netns import jsonio
 from rdma_netns.config.defaults import (
@@ -34,12 +36,28 @@ def request(pod_resources_socket: str, namespace: str, name: str, uid: str, reso
             "uid": uid, "resourceName": resource, "timeoutMs": timeout_ms}
 
 
+class ForeignBroker(PermissionError):
+    """The socket's server is not root: it gets no question and its answer is never read (a
+    config's podGrantsSocket could name anybody's socket; the broker meant is rdma-netns-dp's)."""
+
+
+def require_root_peer(sock: socket, path: str) -> None:
+    """SO_PEERCRED: the uid that bound the listening socket (struct ucred: pid, uid, gid)."""
+    cred = sock.getsockopt(SOL_SOCKET, SO_PEERCRED, 12)
+    pid, uid = int.from_bytes(cred[0:4], sys.byteorder), int.from_bytes(cred[4:8], sys.byteorder)
+    if uid != 0 and uid != posix.geteuid():
+        raise ForeignBroker(f"the grants broker socket {path} is served by uid {uid} (pid {pid}), not root: "
+                            "its answer is not trusted")
+
+
 def connect_and_send(path: str, question: dict, timeout: float) -> socket:
-    """A connected socket that has sent `question`; OSError as the connection fails."""
+    """A connected socket that has sent `question` to a broker root serves; OSError as the
+    connection fails, ForeignBroker when somebody else serves it."""
     sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC)  # _socket: the socket module's enum import costs
     try:
         sock.settimeout(timeout)
         sock.connect(path)
+        require_root_peer(sock, path)
         sock.sendall(jsonio.dumps(question).encode() + b"\n")
     except BaseException:
         sock.close()

@@ -22,16 +22,15 @@ rollback and GC remove them from the state alone.
 from __future__ import annotations
 
 import posix
-from stat import S_ISDIR
 
-from rdma_netns import fsutil, jsonio, paths, pod_info
-from rdma_netns.spec.env import process_environ
+from rdma_netns import fsutil, jsonio, paths, pod_info, testhooks, trusted_paths
 
 CDI_VERSION = "0.5.0"
 SPEC_PREFIX = "rdma-netns-pod-"
 RDMA_CM = "rdma_cm"
-# Tests point this at a fake /dev (like RDMA_NETNS_SYSFS_ROOT for sysfs); a node never sets it.
-DEV_ROOT = process_environ().get("RDMA_NETNS_DEV_ROOT") or "/dev"
+# Tests point this at a fake /dev (like RDMA_NETNS_SYSFS_ROOT for sysfs); only a test build
+# honours the variable (testhooks.py).
+DEV_ROOT = testhooks.get(testhooks.DEV_ROOT) or "/dev"
 _UNIT_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.:-")
 
 
@@ -107,15 +106,9 @@ def mounted_file(spec: object) -> str | None:
 
 
 def _ensure_dir(path: str) -> None:
-    """A world-readable folder (runtimes and container users read below it); no symlink."""
-    try:
-        st = posix.lstat(path)
-    except FileNotFoundError:
-        paths.makedirs(path, mode=0o755)
-        posix.chmod(path, 0o755)  # makedirs' mode is filtered by the umask
-        return
-    if not S_ISDIR(st.st_mode):  # lstat: a symlink is not a folder here
-        raise OSError(f"{path} is not a folder (a symlink or file is in the way)")
+    """A world-readable folder (runtimes and container users read below it), made 0755 when
+    missing; an existing one is used only when nobody but root can change it (trusted_paths.py)."""
+    trusted_paths.make_folder(path, 0o755)
 
 
 def publish(published: dict, record: dict, nodes: list[dict]) -> None:

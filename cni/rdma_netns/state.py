@@ -25,8 +25,8 @@ import posix
 import sys
 import time
 
-from rdma_netns import fsutil, paths
-from rdma_netns.spec.errors import IO_FAILURE, TRY_AGAIN_LATER, CniError
+from rdma_netns import fsutil, paths, trusted_paths
+from rdma_netns.spec.errors import INVALID_CONFIG, IO_FAILURE, TRY_AGAIN_LATER, CniError
 
 LOCKS = "locks"
 CACHE_FOLDER = "verified-configs"  # config/loader.py's verdicts
@@ -54,8 +54,15 @@ class StateStore:
         self.folder = f"{state_dir}/{network}"
 
     def prepare(self) -> None:
+        """The state folder (the config's stateDir: refused with 7, as the loader does) and the
+        plugin's own folders in it (one in the way there: 5, the state folder is not usable)."""
         try:
             fsutil.ensure_private_dir(self.root)
+        except trusted_paths.Untrusted as exc:
+            raise CniError(INVALID_CONFIG, f"invalid network config: stateDir {self.root!r} is refused: {exc}") from None
+        except OSError as exc:
+            raise CniError(IO_FAILURE, f"state folder {self.root} is not usable: {exc}") from None
+        try:
             fsutil.ensure_private_dir(self.folder)
             fsutil.ensure_private_dir(f"{self.root}/locks")
         except OSError as exc:

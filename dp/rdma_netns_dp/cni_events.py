@@ -65,10 +65,7 @@ class CniEventsReceiver:
         self._stop = threading.Event()
 
     def start(self) -> CniEventsReceiver:
-        folder = os.path.dirname(self.path)
-        if not os.path.isdir(folder):
-            os.makedirs(folder, mode=0o700, exist_ok=True)
-            os.chmod(folder, 0o700)
+        fsutil.make_daemon_folder(os.path.dirname(self.path))  # 0700 whoever made it
         tmp = f"{self.path}.{os.getpid()}.tmp"
         try:
             fsutil.remove(tmp)

@@ -169,10 +169,7 @@ class PodGrantsServer:
     def start(self) -> PodGrantsServer:
         """Bind under a temporary name, chmod 0600, then rename over the final path: a stale
         socket is replaced atomically and nobody sees the socket before its mode is set."""
-        folder = os.path.dirname(self.socket_path)
-        if not os.path.isdir(folder):
-            os.makedirs(folder, mode=0o700, exist_ok=True)
-            os.chmod(folder, 0o700)  # makedirs' mode is filtered by the umask
+        fsutil.make_daemon_folder(os.path.dirname(self.socket_path))  # 0700 whoever made it
         server = _Server(self.socket_path, _Handler, bind_and_activate=False)
         server.query = self.query
         server.observe = self.observe

@@ -53,7 +53,8 @@ def images(tmp_path_factory) -> dict[str, BuiltImage]:
     built = {}
     for label in ("a", "b"):
         release = f"deploy-{label}-{commit}-{os.urandom(2).hex()}"
-        proc = subprocess.run([str(REPO / "scripts" / "build-image.sh"), "--release", release,
+        # --test-hooks: the CNI honours RDMA_NETNS_SYSFS_ROOT / RDMA_NETNS_DEV_ROOT (rig.py's fake NICs)
+        proc = subprocess.run([str(REPO / "scripts" / "build-image.sh"), "--release", release, "--test-hooks",
                                "--out", str(out / f"{release}.oci.tar")], capture_output=True, text=True,
                               timeout=1800)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -172,9 +172,9 @@ def umount(path: str) -> None:
     subprocess.run(["umount", path], check=False, capture_output=True)
 
 
-def test_state_folder_chmod_0500_is_repaired_by_root(node):
-    """As root, mode bits do not make a folder unwritable (CAP_DAC_OVERRIDE); the plugin puts
-    its folders back to 0700 and works."""
+def test_state_folder_chmod_0500_still_works_and_keeps_its_mode(node):
+    """As root, mode bits do not make a folder unwritable (CAP_DAC_OVERRIDE): the plugin works,
+    and leaves the modes as it found them (it never changes a folder's mode: trusted_paths.py)."""
     pod = node.pod()
     conf = node.conf()
     node.cni("ADD", conf, pod).ok()
@@ -182,7 +182,7 @@ def test_state_folder_chmod_0500_is_repaired_by_root(node):
     for folder in (node.state_dir, f"{node.state_dir}/rdmanet", f"{node.state_dir}/locks"):
         os.chmod(folder, 0o500)
     node.cni("ADD", conf, pod).ok()
-    assert oct(os.stat(f"{node.state_dir}/rdmanet").st_mode & 0o777) == "0o700"
+    assert oct(os.stat(f"{node.state_dir}/rdmanet").st_mode & 0o777) == "0o500"
     node.cni("DEL", conf, pod).ok()
 
 

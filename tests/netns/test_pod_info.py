@@ -229,8 +229,9 @@ def test_a_failure_while_publishing_rolls_the_add_back(rig, kubelet):
     rig.gid("rxe0", 1, "fd00:1::5", "rdma0")
     rig.gid("rxe1", 1, "fd00:2::5", "rdma1")
     kubelet.set_pod("team-a", "trainer", {"main": {RESOURCE: ["hca-0003"]}})
-    rig.cdi_dir.parent.mkdir(parents=True, exist_ok=True)
-    rig.cdi_dir.write_text("a file where the spec folder should be\n")
+    # A folder where the unit's spec should be: the spec's write fails after the JSON file's.
+    # (A file where the spec folder should be is refused before anything: code 7, test_config_paths.py.)
+    rig.spec("hca-0003").mkdir(parents=True)
     base = paired(rig.node, kubelet, rails=2, ipam=None)
     conf = rig.conf(["fd00:1::5/64", "fd00:2::5/64"], **{k: base[k] for k in
                     ("resourceName", "podResourcesSocket", "podGrantsSocket", "podResourcesTimeoutMs")})
@@ -244,7 +245,7 @@ def test_a_failure_while_publishing_rolls_the_add_back(rig, kubelet):
     assert rig.node.allocations() == [], "no lease is left"
     assert rig.node.attachment_records() == []
     assert not rig.info("c1").exists() and list(rig.pods_dir.iterdir()) == [], "the JSON written first is gone"
-    os.unlink(rig.cdi_dir)
+    rig.spec("hca-0003").rmdir()
     rig.cni("ADD", conf, pod, extra_env=k8s_args("trainer")).ok()
     assert rig.spec("hca-0003").exists()
     rig.cni("DEL", conf, pod).ok()

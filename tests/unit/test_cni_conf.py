@@ -262,6 +262,52 @@ def test_a_conf_that_cannot_become_the_first_conflist_is_left_alone(node: Node):
     assert (node.conf / "10-mynet.conflist").read_text() == FLANNEL
 
 
+def test_a_symlinked_primary_is_written_through_and_stays_a_link(node: Node, tmp_path: Path):
+    """A cluster CNI (or an admin) may keep its conflist elsewhere and link it into the conf dir.
+    insert used to replace the link with a file, so the CNI's later edits no longer reached the
+    runtime, and remove did not bring the link back. Now both write through to the target."""
+    elsewhere = tmp_path / "calico-etc"
+    elsewhere.mkdir()
+    target = elsewhere / "10-calico.conflist"
+    target.write_text(CALICO)
+    target.chmod(0o640)
+    link = node.conf / "10-calico.conflist"
+    link.symlink_to(target)
+    out = node.insert()
+    assert link.is_symlink() and os.readlink(link) == str(target), "the link stays a link"
+    assert "inserted" in out.stderr and "through the symlink" in out.stderr, out.stderr
+    assert plugin_types(target) == ["calico", "portmap", "bandwidth", "rdma-netns"]
+    assert stat.S_IMODE(target.stat().st_mode) == 0o640
+    assert sorted(os.listdir(elsewhere)) == ["10-calico.conflist"] and node.listing() == ["10-calico.conflist"]
+    assert "already" in node.insert().stderr
+    node.remove()
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert target.read_text() == CALICO, "byte for byte"
+
+
+def test_a_symlinked_single_plugin_conf_comes_back_as_the_same_link(node: Node, tmp_path: Path):
+    """A linked .conf becomes <stem>.conflist as a plain .conf does; remove puts the link back
+    (pointing where it pointed), not a copy of its target."""
+    target = tmp_path / "mynet.conf"
+    target.write_text(SINGLE_CONF)
+    link = node.conf / "10-mynet.conf"
+    link.symlink_to("../mynet.conf")
+    node.insert()
+    assert node.listing() == ["10-mynet.conflist"] and target.read_text() == SINGLE_CONF
+    node.remove()
+    assert node.listing() == ["10-mynet.conf"]
+    assert link.is_symlink() and os.readlink(link) == "../mynet.conf"
+    assert target.read_text() == SINGLE_CONF
+
+
+def test_a_dangling_or_read_only_link_is_refused_with_a_clear_message(node: Node, tmp_path: Path):
+    link = node.conf / "10-calico.conflist"
+    link.symlink_to(tmp_path / "gone.conflist")
+    out = node.insert(check=False)
+    assert out.returncode == 1 and "points to" in out.stderr and "gone.conflist" in out.stderr, out.stderr
+    assert link.is_symlink() and node.listing() == ["10-calico.conflist"]
+
+
 def test_the_cni_writing_its_conf_again_is_converted_again(node: Node):
     node.write_primary("10-mynet.conf", SINGLE_CONF)
     node.insert()

@@ -47,14 +47,19 @@ def test_state_dir_that_is_a_symlink_is_refused(tmp_path):
     os.symlink(tmp_path / "real", tmp_path / "s")
     with pytest.raises(CniError) as err:
         StateStore(str(tmp_path / "s"), "net").prepare()
-    assert err.value.code == 5
+    assert err.value.code == 7 and "symlink" in err.value.msg
 
 
-def test_loose_permissions_are_tightened(tmp_path):
+def test_loose_permissions_are_refused_not_tightened(tmp_path):
+    """A folder others can write is refused (code 7) and keeps its mode: the plugin never changes
+    a folder it did not make (trusted_paths.py)."""
     (tmp_path / "s").mkdir(mode=0o777)
     os.chmod(tmp_path / "s", 0o777)
-    StateStore(str(tmp_path / "s"), "net").prepare()
-    assert stat.S_IMODE((tmp_path / "s").stat().st_mode) == 0o700
+    with pytest.raises(CniError) as err:
+        StateStore(str(tmp_path / "s"), "net").prepare()
+    assert err.value.code == 7 and "writable by group or others" in err.value.msg
+    assert stat.S_IMODE((tmp_path / "s").stat().st_mode) == 0o777
+    assert list((tmp_path / "s").iterdir()) == []
 
 
 def test_lock_times_out_with_try_again_later(tmp_path):

@@ -15,8 +15,15 @@ what libcni's ConfListFromConf builds in memory) and the `.conf` is removed, in 
 runtime always finds a valid primary; removal writes the `.conf` back and deletes the `.conflist`.
 If the primary CNI writes its `.conf` again, that file sorts first again and is converted again.
 
+A primary that is a symlink (a CNI or an admin keeping the file elsewhere) stays one: its target is
+written in place (a temp file beside the target, then rename), so the CNI's later edits still reach
+the runtime; a linked `.conf` is converted as any `.conf` is, and removal puts the same link back.
+A dangling link, or a target that cannot be written (a read-only ConfigMap mount), is refused
+with a message and left as it is.
+
 State (--state-dir, 0700; files 0600): state.json names the file we wrote, the sha256 of the
-bytes we wrote and the original file name; `original` holds the primary's bytes before our insert.
+bytes we wrote, the original file name and, for a converted link, what it pointed to; `original`
+holds the primary's bytes before our insert.
 """
 
 from __future__ import annotations
@@ -183,6 +190,26 @@ def atomic_write(path: Path, data: bytes, like: os.stat_result | None, mode: int
                         tmp_path=str(path.with_name(f".{path.name}{TEMP_SUFFIX}")), before_rename=guard)
 
 
+def write_conf(path: Path, data: bytes, like: os.stat_result | None,
+               guard: Callable[[], None] | None = None) -> None:
+    """Write a conf file of the runtime's folder; through a symlink to its target, so the link
+    stays a link (and keeps reaching whatever its owner writes there later)."""
+    if not path.is_symlink():
+        atomic_write(path, data, like, guard=guard)
+        return
+    target = Path(os.path.realpath(path))
+    if not target.is_file():
+        raise CniConfError(f"{path.name} is a symlink that points to {os.readlink(path)}, which is not a file: "
+                           "leaving it alone")
+    try:
+        atomic_write(target, data, like, guard=guard)
+    except OSError as exc:
+        raise CniConfError(f"{path.name} is a symlink to {target}, which cannot be written "
+                           f"({exc.strerror or exc}): leaving it alone; chain into the file it points to, or "
+                           "make it a file") from None
+    log(f"{path.name} is a symlink: wrote through the symlink to {target}")
+
+
 def unchanged_guard(path: Path, seen: os.stat_result | None) -> Callable[[], None]:
     def check() -> None:
         try:
@@ -237,12 +264,15 @@ class State:
                 record["hasOriginal"] = False
         return record
 
-    def save(self, conf_dir: Path, path: str, original_name: str, original: bytes | None, written: bytes) -> None:
+    def save(self, conf_dir: Path, path: str, original_name: str, original: bytes | None, written: bytes,
+             original_link: str | None = None) -> None:
         self.ensure_dir()
         if original is not None:
             atomic_write(self.original, original, None, 0o600)
         record = {"v": 1, "confDir": str(conf_dir), "file": path, "originalFile": original_name,
                   "hasOriginal": original is not None, "writtenSha256": sha256(written)}
+        if original_link is not None:  # a linked .conf we converted: removal puts the link back
+            record["originalLink"] = original_link
         atomic_write(self.file, json.dumps(record, indent=2).encode() + b"\n", None, 0o600)
 
     def clear(self) -> None:
@@ -294,6 +324,9 @@ def _insert(conf_dir: Path, entry: dict, state: State) -> str:
         _remove(conf_dir, state, record)
         record = None
     path = conf_dir / primary
+    if path.is_symlink() and not path.exists():
+        raise CniConfError(f"{primary} is a symlink that points to {os.readlink(path)}, which does not exist: "
+                           "leaving it alone")
     seen = os.stat(path)
     current = path.read_bytes()
     doc = parse(current, primary)
@@ -311,7 +344,8 @@ def _insert(conf_dir: Path, entry: dict, state: State) -> str:
         if rest and rest[0].encode() < target_name.encode():
             raise CniConfError(f"cannot chain into {primary}: as {target_name} it would sort after {rest[0]}")
         new = Style.of(current.decode()).dump(with_entry(as_conflist(doc), entry, primary))
-        state.save(conf_dir, target_name, primary, current, new)
+        state.save(conf_dir, target_name, primary, current, new,
+                   original_link=os.readlink(path) if path.is_symlink() else None)
         atomic_write(target, new, seen, guard=guard)
         os.unlink(path)
         fsync_dir(conf_dir)
@@ -332,8 +366,9 @@ def _insert(conf_dir: Path, entry: dict, state: State) -> str:
         new = style.dump(with_entry(base, entry, primary))
         if new == current:
             return "unchanged"
-        state.save(conf_dir, primary, record.get("originalFile", primary), original, new)
-        atomic_write(path, new, seen, guard=guard)
+        state.save(conf_dir, primary, record.get("originalFile", primary), original, new,
+                   original_link=record.get("originalLink"))
+        write_conf(path, new, seen, guard=guard)
         log(f"updated the {PLUGIN_TYPE} entry in {primary}")
         return "updated"
 
@@ -348,7 +383,7 @@ def _insert(conf_dir: Path, entry: dict, state: State) -> str:
     new = style.dump(with_entry(doc, entry, primary))
     original = None if has_entry(doc) else current
     state.save(conf_dir, primary, primary, original, new)
-    atomic_write(path, new, seen, guard=guard)
+    write_conf(path, new, seen, guard=guard)
     log(f"inserted the {PLUGIN_TYPE} entry at the end of {primary}'s plugins")
     return "inserted"
 
@@ -378,12 +413,15 @@ def _remove(conf_dir: Path, state: State, record: dict | None) -> str:
     if sha256(current) == record.get("writtenSha256") and record.get("hasOriginal"):
         original = record["originalBytes"]
         if original_name == name:
-            atomic_write(path, original, seen, guard=unchanged_guard(path, seen))
+            write_conf(path, original, seen, guard=unchanged_guard(path, seen))
             log(f"restored {name} as its CNI wrote it")
         else:
             back = conf_dir / original_name
-            if back.exists():
+            if back.exists() or back.is_symlink():
                 log(f"{original_name} was written again by its CNI: keeping it")
+            elif isinstance(record.get("originalLink"), str):
+                restore_link(back, record["originalLink"])
+                log(f"restored {original_name} as the symlink to {record['originalLink']} it was")
             else:
                 atomic_write(back, original, seen)
                 log(f"restored {original_name} as its CNI wrote it")
@@ -395,6 +433,16 @@ def _remove(conf_dir: Path, state: State, record: dict | None) -> str:
         result = _remove_entry(path)
     state.clear()
     return result
+
+
+def restore_link(path: Path, target: str) -> None:
+    """Put a symlink back atomically (made under a temp name the runtime never loads, renamed)."""
+    tmp = path.with_name(f".{path.name}{TEMP_SUFFIX}")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    os.symlink(target, tmp)
+    os.rename(tmp, path)
+    fsync_dir(path.parent)
 
 
 def _remove_entry(path: Path) -> str:
@@ -409,7 +457,7 @@ def _remove_entry(path: Path) -> str:
     if not has_entry(doc):
         return "absent"
     new = Style.of(current.decode(errors="replace")).dump(without_entry(doc))
-    atomic_write(path, new, seen, guard=unchanged_guard(path, seen))
+    write_conf(path, new, seen, guard=unchanged_guard(path, seen))
     log(f"removed the {PLUGIN_TYPE} entry from {path.name}")
     return "removed-entry"
 

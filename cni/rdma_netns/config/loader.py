@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import posix
 
-from rdma_netns import __version__, fsutil, jsonio
+from rdma_netns import __version__, fsutil, jsonio, trusted_paths
 from rdma_netns.config.defaults import (  # noqa: F401 (re-exported: loader.DEFAULT_* as before)
     DEFAULT_CDI_KIND,
     DEFAULT_CDI_SPEC_DIR,
@@ -88,6 +88,7 @@ def load(raw: dict) -> Config:
         raise CniError(INVALID_CONFIG, f"invalid network config: name {net.name!r} is reserved (the state folder "
                        f"keeps its {' and '.join(RESERVED_NETWORK_NAMES)} folders beside the networks' folders)",
                        "give the network another name")
+    check_named_paths(net)
     return Config(
         net=net,
         cni_version=version,
@@ -134,46 +135,101 @@ def teardown_network(raw: dict) -> NetConfig:
         raise CniError(INVALID_CONFIG, f"invalid network config: name {str(name)[:80]!r} is not a network name; "
                        "DEL cannot find this network's state")
     state_dir = raw.get("stateDir", DEFAULT_STATE_DIR)
-    if not isinstance(state_dir, str) or not state_dir.startswith("/") or "\0" in state_dir \
-            or ".." in state_dir.split("/"):
+    if not plain_absolute(state_dir):
         raise CniError(INVALID_CONFIG, f"invalid network config: stateDir {str(state_dir)[:80]!r} is not an "
                        "absolute path without '..'; DEL cannot find this network's state")
+    trusted_state_dir(state_dir)  # state others could have written is never acted on
     net = dict(TEARDOWN_DEFAULTS, name=name, stateDir=state_dir, mode="auto", rails=None, ipam=None,
                resourceName=None)
-    timeout = raw.get("lockTimeoutSeconds")  # how long to wait for a concurrent call: the config's, if sane
-    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and 0 < timeout <= 600:
-        net["lockTimeoutSeconds"] = float(timeout)
+    net["lockTimeoutSeconds"] = _lock_timeout(raw)
     return NetConfig(net)
 
 
 def _validated_network(raw: dict) -> dict:
+    """The model's verdict on the network config, from the cache when it has it.
+
+    Nothing is made on the disk before the config passes: the cache is read only from a stateDir
+    that passes trusted_paths (a missing one is simply a miss), and its folders and the fill lock
+    are made only for a config the model accepted."""
     identity = {k: v for k, v in raw.items() if k not in RUNTIME_KEYS}
     # The version is part of the key: an upgrade that adds keys or changes defaults must not be
     # served a config normalised by the previous version.
     digest = sha256(f"{__version__}\n{_canonical(identity)}".encode()).hexdigest()
     state_dir = raw.get("stateDir", DEFAULT_STATE_DIR)
-    cache_dir = f"{state_dir}/{CACHE_FOLDER}" if isinstance(state_dir, str) and state_dir.startswith("/") \
-        and "\0" not in state_dir else None
-    if not cache_dir:
-        return validate_with_model(identity)
+    if not plain_absolute(state_dir):
+        return validate_with_model(identity)  # refuses it, naming stateDir
+    cache_dir = f"{state_dir}/{CACHE_FOLDER}"
     path = f"{cache_dir}/{digest}.json"
-    cached = fsutil.read_json(path)
-    if isinstance(cached, dict):
-        return cached
-    # A new config meets a burst of pods: one process validates (~0.15 s of CPU) while the others
-    # wait for its verdict, instead of every one of them importing pydantic on a busy node.
-    with _CacheFillLock(state_dir, cache_dir):
+    if trusted_state_dir(state_dir):
         cached = fsutil.read_json(path)
         if isinstance(cached, dict):
             return cached
+    # A new config meets a burst of pods: one process validates (~0.15 s of CPU) while the others
+    # wait for its verdict, instead of every one of them importing pydantic on a busy node.
+    with _CacheFillLock(state_dir, _lock_timeout(raw)) as held:
+        if held:
+            cached = fsutil.read_json(path)
+            if isinstance(cached, dict):
+                return cached
         net = validate_with_model(identity)
-        try:
-            fsutil.write_json_atomic(path, net)
-        except OSError:
-            pass  # the cache is an optimisation; an unwritable state folder is reported by ADD itself
-        else:
-            expire_cache(cache_dir, CACHE_KEEP)
+        _store_verdict(state_dir, cache_dir, path, net)
     return net
+
+
+def plain_absolute(path: object) -> bool:
+    """The model's rule for stateDir (and the publish folders): absolute, no NUL, no '..'."""
+    return isinstance(path, str) and path.startswith("/") and "\0" not in path and ".." not in path.split("/")
+
+
+def trusted_state_dir(state_dir: str) -> bool:
+    """True when stateDir exists and nobody but root can change it, False when it is missing
+    (the plugin makes it at the first ADD); CniError(INVALID_CONFIG) when it is refused."""
+    return _checked_path("stateDir", state_dir, trusted_paths.check_folder)
+
+
+def _checked_path(key: str, path: str, check: object) -> bool:
+    try:
+        return bool(check(path))  # type: ignore[operator]
+    except trusted_paths.Untrusted as exc:
+        raise CniError(INVALID_CONFIG, f"invalid network config: {key} {path[:200]!r} is refused: {exc}",
+                       "name a path that only root can change (docs/security.md, \"Paths a config names\")") from None
+    except OSError as exc:  # EACCES, ELOOP on the way: unusable either way
+        raise CniError(INVALID_CONFIG, f"invalid network config: {key} {path[:200]!r} cannot be checked: "
+                       f"{exc.strerror or exc}") from None
+
+
+def check_named_paths(net: NetConfig) -> None:
+    """The folders and the FIFO a validated config names, checked on every call (the disk changes;
+    the verdict cache does not): podInfoDir and, when it publishes, cdiSpecDir; eventsFifo.
+    Missing ones pass (the plugin makes the folders; no FIFO means no daemon reading)."""
+    if net.pod_info_dir:
+        _checked_path("podInfoDir", net.pod_info_dir, trusted_paths.check_folder)
+        _checked_path("cdiSpecDir", net.cdi_spec_dir, trusted_paths.check_folder)
+    fifo = net.source.get("eventsFifo")
+    if fifo:
+        _checked_path("eventsFifo", fifo, trusted_paths.check_fifo)
+
+
+def _lock_timeout(raw: dict) -> float:
+    """How long to wait for a concurrent call: the config's lockTimeoutSeconds, if sane."""
+    timeout = raw.get("lockTimeoutSeconds")
+    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and 0 < timeout <= 600:
+        return float(timeout)
+    return float(TEARDOWN_DEFAULTS["lockTimeoutSeconds"])
+
+
+def _store_verdict(state_dir: str, cache_dir: str, path: str, net: dict) -> None:
+    """Keep an accepted config's verdict, and make the fill lock the next new config waits on."""
+    try:
+        fsutil.ensure_private_dir(state_dir)
+        fsutil.ensure_private_dir(cache_dir)
+        fsutil.ensure_private_dir(f"{state_dir}/locks")
+        posix.close(posix.open(f"{state_dir}/locks/{CACHE_FOLDER}.fill",
+                               posix.O_RDWR | posix.O_CREAT | posix.O_NOFOLLOW | posix.O_CLOEXEC, 0o600))
+        fsutil.write_json_atomic(path, net)
+    except OSError:
+        return  # the cache is an optimisation; an unusable state folder is reported by ADD itself
+    expire_cache(cache_dir, CACHE_KEEP)
 
 
 def expire_cache(cache_dir: str, keep: int) -> None:
@@ -192,28 +248,41 @@ def expire_cache(cache_dir: str, keep: int) -> None:
 
 class _CacheFillLock:
     """flock on <stateDir>/locks/verified-configs.fill (beside the attachment locks, whose names
-    have a ':');
-    without usable folders it is a no-op (every process then validates for itself)."""
+    have a ':'), waited for at most `timeout` seconds: a holder that hangs (stopped, or stuck on a
+    dead disk) must not hang CHECK and DEL behind it, so at the deadline this call validates
+    without the cache lock, which costs only CPU. The lock file is made with an accepted config's
+    verdict (_store_verdict), never before validation: without it (the first config a state folder
+    sees) every process validates for itself. `with` gives True when the lock is held."""
 
-    def __init__(self, state_dir: str, cache_dir: str) -> None:
+    def __init__(self, state_dir: str, timeout: float) -> None:
+        self.path, self.timeout = f"{state_dir}/locks/{CACHE_FOLDER}.fill", timeout
         self.fd = -1
+
+    def __enter__(self) -> bool:
+        from time import monotonic
+
+        start = monotonic()
         try:
-            fsutil.ensure_private_dir(cache_dir)
-            fsutil.ensure_private_dir(f"{state_dir}/locks")
-            self.fd = posix.open(f"{state_dir}/locks/{CACHE_FOLDER}.fill",
-                                 posix.O_RDWR | posix.O_CREAT | posix.O_NOFOLLOW | posix.O_CLOEXEC, 0o600)
+            fd = posix.open(self.path, posix.O_RDWR | posix.O_NOFOLLOW | posix.O_CLOEXEC)
         except OSError:
-            return
+            return False
+        try:
+            taken = fsutil.flock_polled(fd, start + self.timeout, 0.05)
+        except OSError:
+            return False  # fd closed by flock_polled
+        if taken is None:  # fd closed
+            import sys
 
-    def __enter__(self) -> None:
-        if self.fd >= 0:
-            import fcntl  # a cache miss only
-
-            fcntl.flock(self.fd, fcntl.LOCK_EX)
+            sys.stderr.write(f"rdma-netns: another call held {self.path} for {self.timeout:.1f} s; "
+                             "validating this config without waiting for its verdict\n")
+            return False
+        self.fd = fd
+        return True
 
     def __exit__(self, *exc: object) -> None:
         if self.fd >= 0:
             posix.close(self.fd)
+            self.fd = -1
 
 
 def _canonical(value: object) -> str:

@@ -7,8 +7,8 @@ Paths follow the kernel's layout: /sys/class/infiniband/<dev>/{device,parent,por
 
 `RdmaSysfs(root)` reads the tree under `root` (the real /sys, a test tree, or a pod's sysfs view).
 The module-level functions are the CNI's names for the same reads on `default`, whose root is
-$RDMA_NETNS_SYSFS_ROOT or /sys; tests re-root it with `use_root(path)` (or monkeypatch
-`default.root`). Standard library only, no dataclasses: the CNI hot path imports this module.
+/sys, or $RDMA_NETNS_SYSFS_ROOT in a test build (testhooks.py); tests re-root it with
+`use_root(path)` (or monkeypatch `default.root`). Standard library only, no dataclasses: the CNI hot path imports this module.
 The device plugin's per-device record (PCI facts, char devices) is built in kernel/rdma_devices.py
 from these reads.
 """
@@ -18,9 +18,8 @@ from __future__ import annotations
 import posix
 import time
 
-from rdma_netns import paths
+from rdma_netns import paths, testhooks
 from rdma_netns.kernel.inet import Prefix
-from rdma_netns.spec.env import process_environ
 
 
 def _realpath(path: str) -> str:
@@ -424,8 +423,9 @@ def _looks_like_pci(name: str) -> bool:
 
 
 # Tests point this at a kernel-shaped tree (PCI functions, RDMA devices) on machines without RDMA
-# hardware, in-process with use_root() and in CNI subprocesses with the variable; a node never sets it.
-default = RdmaSysfs(process_environ().get("RDMA_NETNS_SYSFS_ROOT") or "/sys")
+# hardware, in-process with use_root() and in CNI subprocesses with the variable, which only a test
+# build honours (testhooks.py).
+default = RdmaSysfs(testhooks.get(testhooks.SYSFS_ROOT) or "/sys")
 
 
 def use_root(root: str) -> str:
