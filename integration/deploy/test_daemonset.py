@@ -230,11 +230,12 @@ def test_the_training_pod_gets_eth0_and_rails_and_through_cdi_its_settings(node,
                       f"1.7: NCCL/UCX env, rails.json, {sorted(devices.split())}")
         # The DaemonSet's /metrics saw the ADD that containerd ran on the host (its event through
         # /run/rdma-netns/cni-events) and counts the pod on both rails and its unit as allocated.
-        metrics = scrape(node)
+        # Pods per rail and allocated units come from the daemon's background sample (every
+        # metrics.refreshSeconds, 10 s: a scrape never reads state files or asks kubelet).
+        metrics = scrape_until(node, lambda m: all(metric(m, f'rdma_netns_rail_pods{{netdev="{rail}"}}', 0) == 1
+                                                   for rail in node.rig.rails), 30)
         assert metric(metrics, 'rdma_netns_cni_calls_total{command="ADD",code="0"}') >= 1, metrics[-3000:]
         assert metric(metrics, 'rdma_netns_cni_pairing_total{outcome="granted",via="broker"}') >= 1
-        for rail in node.rig.rails:
-            assert metric(metrics, f'rdma_netns_rail_pods{{netdev="{rail}"}}') == 1
         assert metric(metrics, 'rdma_netns_units_allocated{resource="rdma/hca"}') >= 1
         assert metric(metrics, 'rdma_netns_registered{resource="rdma/hca"}') == 1
     finally:
@@ -253,8 +254,20 @@ def scrape(node) -> str:
     return reply.stdout.decode()
 
 
-def metric(exposition: str, series: str) -> float:
-    """One series' value in an exposition (labels in the order the daemon writes them)."""
+def scrape_until(node, ready, timeout: float) -> str:
+    """Scrape until `ready(exposition)` holds (the background sample caught up); the last scrape."""
+    deadline = time.monotonic() + timeout
+    while True:
+        metrics = scrape(node)
+        if ready(metrics):
+            return metrics
+        assert time.monotonic() < deadline, f"/metrics not caught up after {timeout:.0f} s: {metrics[-3000:]}"
+        time.sleep(1)
+
+
+def metric(exposition: str, series: str, missing: float | None = None) -> float:
+    """One series' value in an exposition (labels in the order the daemon writes them); `missing`
+    when it is not there, if given."""
     name, _, labels = series.partition("{")
     wanted = set(labels.rstrip("}").split(",")) if labels else set()
     for line in exposition.splitlines():
@@ -262,6 +275,8 @@ def metric(exposition: str, series: str) -> float:
         line_name, _, line_labels = head.partition("{")
         if line_name == name and set(filter(None, line_labels.rstrip("}").split(","))) == wanted:
             return float(value)
+    if missing is not None:
+        return missing
     raise AssertionError(f"{series} not in the scrape")
 
 
