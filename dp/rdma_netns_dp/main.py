@@ -69,18 +69,25 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _serve(args: argparse.Namespace) -> int:
+def _load(args: argparse.Namespace, overrides: dict):
+    """The validated config with `overrides`, logging set up; None (said on stderr) when invalid."""
     from rdma_netns_dp import log
     from rdma_netns_dp.config import ConfigError, load
 
-    overrides = {k: v for k, v in vars(args).items()
-                 if v is not None and k not in ("command", "config", "log_level")}
     try:
         config = load(args.config, overrides)
     except ConfigError as exc:
         print(f"rdma-netns-dp: invalid configuration: {exc}", file=sys.stderr)
-        return 2
+        return None
     log.setup(args.log_level)
+    return config
+
+
+def _serve(args: argparse.Namespace) -> int:
+    config = _load(args, {k: v for k, v in vars(args).items()
+                          if v is not None and k not in ("command", "config", "log_level")})
+    if config is None:
+        return 2
     from rdma_netns_dp.daemon import Daemon
 
     daemon = Daemon(config)
@@ -99,16 +106,11 @@ def _kernel_mode(args: argparse.Namespace) -> int:
     why); 1 when the kernel refused for another reason (no CAP_NET_ADMIN, ...); 2 for a bad config."""
     import logging
 
-    from rdma_netns_dp import kernel_mode, log
-    from rdma_netns_dp.config import ConfigError, load
+    from rdma_netns_dp import kernel_mode
 
-    overrides = {"sysfsRoot": args.sysfsRoot} if args.sysfsRoot else {}
-    try:
-        config = load(args.config, overrides)
-    except ConfigError as exc:
-        print(f"rdma-netns-dp: invalid configuration: {exc}", file=sys.stderr)
+    config = _load(args, {"sysfsRoot": args.sysfsRoot} if args.sysfsRoot else {})
+    if config is None:
         return 2
-    log.setup(args.log_level)
     from rdma_netns.kernel.rdma_devices import DeviceSysfs
 
     sysfs = DeviceSysfs(config.sysfsRoot)

@@ -72,14 +72,20 @@ class Ipam(BaseModel):
 IPAM_STRING_KEYS = ("subnet", "rangeStart", "rangeEnd", "gateway")
 
 
+def _non_string_key(entry: dict, where: str) -> str | None:
+    """The first of IPAM_STRING_KEYS in `entry` that is not a string, as `<where><key> must be a string`."""
+    key = next((k for k in IPAM_STRING_KEYS if k in entry and not isinstance(entry[k], str)), None)
+    return None if key is None else f"{where}{key} must be a string"
+
+
 def ipam_key_problem(ipam: dict) -> str | None:
     """The first IPAM key (its path, e.g. `ranges.0.1.subnet`) whose type is not host-local's, or
     None. ranges: a list of range sets, each a list of objects whose subnet/rangeStart/rangeEnd/
     gateway are strings; routes: a list of objects with a string dst (and gw); dataDir: an absolute
     path."""
-    for key in IPAM_STRING_KEYS:
-        if key in ipam and not isinstance(ipam[key], str):
-            return f"{key} must be a string"
+    problem = _non_string_key(ipam, "")
+    if problem:
+        return problem
     if "ranges" in ipam:
         ranges = ipam["ranges"]
         if not isinstance(ranges, list):
@@ -90,9 +96,9 @@ def ipam_key_problem(ipam: dict) -> str | None:
             for j, entry in enumerate(range_set):
                 if not isinstance(entry, dict):
                     return f"ranges.{i}.{j} must be an object like {{\"subnet\": \"fd00:1::/64\"}}"
-                for key in IPAM_STRING_KEYS:
-                    if key in entry and not isinstance(entry[key], str):
-                        return f"ranges.{i}.{j}.{key} must be a string"
+                problem = _non_string_key(entry, f"ranges.{i}.{j}.")
+                if problem:
+                    return problem
     if "routes" in ipam:
         routes = ipam["routes"]
         if not isinstance(routes, list):
