@@ -1,0 +1,193 @@
+"""The seed's procedure on a real Kubernetes (kube-apiserver, controller manager, scheduler and
+kubelet of the pinned release, containerd 1.7 with CDI): the DaemonSet applied with kubectl as
+written (image and rails edited), the node's `rdma/hca` capacity, Pod Security, the seed's Job
+without hostNetwork, a pod without rdma/hca, kubelet restarted, and the uninstall.
+
+The node is this machine (integration/cluster/host_rdma.py: veth rails, fake RDMA devices at /sys
+of the node), so the pods get rails, char devices and NCCL/UCX settings exactly as on an RDMA
+node, but move no RDMA traffic: the real-kernel suites do that."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+import yaml
+
+from integration.cluster import manifests
+from integration.cluster.conftest import REPORT
+from integration.cluster.host_rdma import RAILS, node_address
+from integration.cluster.layout import HOST_NODE
+
+pytestmark = pytest.mark.cluster
+
+NAMESPACE = "ml"
+DS = "rdma-netns-dp"
+# What a Job's pod prints for the test: its interfaces and addresses, char devices, and the
+# settings CDI gave it; then it exits 0 (the Job completes).
+REPORT_SCRIPT = r"""
+for i in /sys/class/net/*; do echo "if ${i##*/}"; done
+while read -r a idx plen scope flags name; do echo "inet6 $name $a $scope"; done < /proc/net/if_inet6
+for d in /dev/infiniband/*; do echo "dev $d"; done
+env | grep -E '^(NCCL|UCX)_' | sed 's/^/env /'
+"""
+
+
+def apply(cluster, text: str, *args: str) -> str:
+    return cluster.kubectl("apply", "-f", "-", *args, stdin=text).stdout
+
+
+def rails_primary_conflist(cluster) -> dict:
+    path = cluster.layout.node_source("/etc/cni/net.d") / "10-local-pods.conflist"
+    return json.loads(path.read_text())
+
+
+def pod_report(cluster, pod: str, namespace: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for line in cluster.kubectl("logs", "-n", namespace, pod).stdout.splitlines():
+        kind, _, rest = line.partition(" ")
+        out.setdefault(kind, []).append(rest)
+    return out
+
+
+def ds_line(cluster) -> str:
+    return cluster.kubectl("get", "ds", DS, "-n", "kube-system").stdout
+
+
+def ds_counts(cluster) -> tuple[int, int]:
+    status = cluster.get("ds", DS, "-n", "kube-system")["status"]
+    return status.get("desiredNumberScheduled", 0), status.get("numberReady", 0)
+
+
+@pytest.fixture(scope="module")
+def primary_bytes(cluster) -> bytes:
+    return (cluster.layout.node_source("/etc/cni/net.d") / "10-local-pods.conflist").read_bytes()
+
+
+@pytest.fixture(scope="module")
+def installed(cluster, release_image, primary_bytes):
+    """docs/install.md's steps: apply the DaemonSet, label the RDMA nodes; wait until Ready."""
+    apply(cluster, manifests.daemonset(release_image.pinned))
+    time.sleep(3)  # the DaemonSet controller has seen the DaemonSet: no node carries the label yet
+    desired, _ = ds_counts(cluster)
+    assert desired == 0, "a node without rdma-netns.io/rdma=true got a device-plugin pod"
+    began = time.monotonic()
+    cluster.kubectl("label", "node", HOST_NODE, "rdma-netns.io/rdma=true")
+    cluster.wait_for("the DaemonSet Ready on the labelled node", lambda: ds_counts(cluster) == (1, 1), timeout=300)
+    REPORT.append(f"DaemonSet Ready {time.monotonic() - began:.1f} s after the node was labelled:\n"
+                  + ds_line(cluster).rstrip())
+    cluster.kubectl("create", "namespace", NAMESPACE)
+    return release_image
+
+
+def test_the_cluster_runs_the_pinned_release(cluster):
+    version = json.loads(cluster.kubectl("version", "-o", "json").stdout)
+    assert version["serverVersion"]["gitVersion"] == "v1.37.2"
+    node = cluster.get("node", HOST_NODE)
+    assert node["status"]["nodeInfo"]["kubeletVersion"] == "v1.37.2"
+    assert node["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://1.7.")
+
+
+def test_daemonset_ready_on_labelled_nodes_and_capacity(cluster, installed):
+    desired, ready = ds_counts(cluster)
+    assert (desired, ready) == (1, 1), ds_line(cluster)
+    cluster.wait_for("rdma/hca in the node's allocatable",
+                     lambda: cluster.get("node", HOST_NODE)["status"]["allocatable"].get("rdma/hca") == "1k",
+                     timeout=120)
+    status = cluster.get("node", HOST_NODE)["status"]
+    assert status["capacity"]["rdma/hca"] == "1k"
+    assert status["allocatable"]["rdma/hca"] == "1k"
+    excerpt = yaml.safe_dump({"capacity": {"rdma/hca": status["capacity"]["rdma/hca"]},
+                              "allocatable": {"rdma/hca": status["allocatable"]["rdma/hca"]}})
+    REPORT.append(f"kubectl get node {HOST_NODE} -o yaml (excerpt):\n{excerpt.rstrip()}")
+    # The chained entry is in the node's primary conflist (the switch on), the cluster CNI first.
+    plugins = rails_primary_conflist(cluster)["plugins"]
+    assert [p["type"] for p in plugins] == ["bridge", "portmap", "rdma-netns"]
+
+
+def test_pod_security_baseline_refuses_the_job_and_privileged_admits_it(cluster, installed):
+    job = manifests.training_job(installed.pinned, "psa-check", "true", machine_caps_only=False)
+    for level in ("baseline", "privileged"):
+        namespace = f"psa-{level}"
+        cluster.kubectl("create", "namespace", namespace)
+        cluster.kubectl("label", "namespace", namespace, f"pod-security.kubernetes.io/enforce={level}")
+        pod = manifests.pod_of(job, "psa-check", namespace)
+        proc = cluster.kubectl("create", "--dry-run=server", "-f", "-", stdin=json.dumps(pod), check=False)
+        if level == "baseline":
+            assert proc.returncode != 0
+            assert ('violates PodSecurity "baseline:latest": non-default capabilities (container "train" must '
+                    'not include "IPC_LOCK", "SYS_RESOURCE" in securityContext.capabilities.add)') in proc.stderr
+            REPORT.append(f"Pod Security baseline refuses the seed's Job pod: {proc.stderr.strip()}")
+        else:
+            assert proc.returncode == 0, proc.stderr
+
+
+def test_the_seed_job_without_host_network_gets_rails_devices_and_settings(cluster, installed):
+    name = "wdl-train"
+    job = manifests.training_job(installed.pinned, name, REPORT_SCRIPT, pods=2)
+    began = time.monotonic()
+    apply(cluster, json.dumps(job), "-n", NAMESPACE)
+    cluster.wait_for("the Job complete", lambda: cluster.get("job", name, "-n", NAMESPACE)["status"]
+                     .get("succeeded", 0) == 2, timeout=300)
+    REPORT.append(f"the seed's Job (2 pods, rdma/hca: 1, no hostNetwork) complete in {time.monotonic() - began:.1f} s")
+    pods = cluster.get("pods", "-n", NAMESPACE, "-l", f"job-name={name}")["items"]
+    assert len(pods) == 2
+    gid_indexes = set()
+    for pod in pods:
+        report = pod_report(cluster, pod["metadata"]["name"], NAMESPACE)
+        interfaces = {line for line in report.get("if", [])}
+        assert interfaces == {"lo", "eth0", *(f"rdma{r}" for r in range(RAILS))}, report
+        for r in range(RAILS):
+            prefix = node_address(r).split("::")[0]
+            globals_ = [a for a in report["inet6"] if a.startswith(f"rdma{r} ") and a.endswith(" 00")]
+            assert globals_, f"rdma{r} has no global address: {report['inet6']}"
+            link_locals = [a for a in report["inet6"] if a.startswith(f"rdma{r} fe80")]
+            assert link_locals, f"rdma{r} has no link-local address (RoCE over IPv6 needs one)"
+        assert any(d.startswith("/dev/infiniband/uverbs") for d in report["dev"]), report["dev"]
+        env = dict(line.split("=", 1) for line in report["env"])
+        assert env["NCCL_IB_HCA"].split(",") == [f"=rxe{r}" for r in range(RAILS)] or \
+            set(re.findall(r"rxe\d", env["NCCL_IB_HCA"])) == {f"rxe{r}" for r in range(RAILS)}, env
+        gid_indexes.add(env["NCCL_IB_GID_INDEX"])
+        REPORT.append(f"pod {pod['metadata']['name']}: interfaces {sorted(interfaces)}, "
+                      f"{len(report['dev'])} char devices, NCCL_IB_HCA={env['NCCL_IB_HCA']} "
+                      f"NCCL_IB_GID_INDEX={env['NCCL_IB_GID_INDEX']}")
+    assert all(i.isdigit() for i in gid_indexes)
+
+
+def test_a_pod_without_rdma_gets_only_eth0(cluster, installed):
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "plain", "namespace": NAMESPACE},
+           "spec": {"restartPolicy": "Never", "containers": [
+               {"name": "app", "image": installed.pinned, "command": ["/bin/sh", "-c", REPORT_SCRIPT]}]}}
+    apply(cluster, json.dumps(pod))
+    cluster.wait_for("the plain pod done", lambda: cluster.get("pod", "plain", "-n", NAMESPACE)["status"]
+                     ["phase"] == "Succeeded", timeout=180)
+    report = pod_report(cluster, "plain", NAMESPACE)
+    assert set(report["if"]) == {"lo", "eth0"}, report
+    assert "dev" not in report and "env" not in report, report
+
+
+def test_uninstall_as_the_docs_say_leaves_the_node_clean(cluster, installed, primary_bytes):
+    cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=true", timeout=300)
+    cluster.kubectl("delete", "-f", "-", "--wait=true", stdin=manifests.daemonset(installed.pinned), timeout=300)
+    cluster.kubectl("apply", "-f", "-", stdin=manifests.uninstall(installed.pinned))
+    cluster.wait_for("the uninstall DaemonSet Ready", lambda: _ready(cluster, "rdma-netns-uninstall"), timeout=300)
+    cluster.kubectl("delete", "-f", "-", "--wait=true", stdin=manifests.uninstall(installed.pinned), timeout=300)
+    conflist = cluster.layout.node_source("/etc/cni/net.d") / "10-local-pods.conflist"
+    assert conflist.read_bytes() == primary_bytes
+    left = []
+    for target in ("/opt/rdma-netns-ds", "/var/lib/cni", "/var/lib/rdma-netns", "/run/rdma-netns", "/run/cdi"):
+        folder = cluster.layout.node_source(target)
+        left += [str(p) for p in folder.rglob("*") if "rdma-netns" in p.name]
+    cni_bin = cluster.layout.node_source("/opt/cni/bin")
+    left += [str(p) for p in cni_bin.iterdir() if "rdma" in p.name]
+    device_plugins = cluster.layout.node_source("/var/lib/kubelet") / "device-plugins"
+    left += [str(p) for p in device_plugins.iterdir() if "rdma" in p.name]
+    assert not left, left
+
+
+def _ready(cluster, name: str) -> bool:
+    desired, ready = (cluster.get("ds", name, "-n", "kube-system")["status"].get(k, 0)
+                      for k in ("desiredNumberScheduled", "numberReady"))
+    return desired == ready == 1
