@@ -151,7 +151,7 @@ class Cluster:
             if (layout.pids / name).exists():
                 namespaces.stop(layout, name)
         # containerd, its shims and whatever runs in pods: nothing of them may outlive the cluster.
-        namespaces.kill_inside(layout)
+        namespaces.kill_inside(layout, CGROUP_ROOT)
         namespaces.remove_cgroups(CGROUP_ROOT)
         namespaces.remove_namespaces(layout)
         if layout.root.exists():
@@ -167,7 +167,7 @@ class Cluster:
 def leftovers(layout: Layout) -> list[str]:
     """What a cluster left on this machine (after down: nothing)."""
     found = [str(p) for p in (layout.root, layout.netns_path) if p.exists()]
-    found += [f"pid {p}" for p in namespaces.processes_inside(layout)]
+    found += [f"pid {p}" for p in namespaces.processes_inside(layout) + namespaces.processes_in_cgroups(CGROUP_ROOT)]
     found += [str(top) for top in namespaces.cgroup_tops(CGROUP_ROOT) if top.exists()]
     mounts = Path("/proc/self/mountinfo").read_text()
     found += [f"mount {line.split()[4]}" for line in mounts.splitlines() if str(layout.root) in line.split()[4]]

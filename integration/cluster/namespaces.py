@@ -112,10 +112,26 @@ def processes_inside(layout: Layout) -> list[int]:
     return found
 
 
-def kill_inside(layout: Layout, timeout: float = 15.0) -> None:
-    """SIGKILL what still runs in the cluster's mount namespace, and wait until it is gone."""
+def processes_in_cgroups(cgroup_root: str) -> list[int]:
+    """Every process under kubelet's cgroupRoot: the pods' containers, which runc gives mount
+    namespaces of their own."""
+    found: set[int] = set()
+    for top in cgroup_tops(cgroup_root):
+        if top.is_dir():
+            for procs in top.rglob("cgroup.procs"):
+                try:
+                    found.update(int(p) for p in procs.read_text().split())
+                except OSError:
+                    pass
+    return sorted(found)
+
+
+def kill_inside(layout: Layout, cgroup_root: str, timeout: float = 15.0) -> None:
+    """SIGKILL what still runs in the cluster's mount namespace or its pods' cgroups, and wait
+    until it is gone."""
     deadline = time.monotonic() + timeout
-    while (pids := processes_inside(layout)) and time.monotonic() < deadline:
+    while ((pids := processes_inside(layout) + processes_in_cgroups(cgroup_root))
+           and time.monotonic() < deadline):
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)

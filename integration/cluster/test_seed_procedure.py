@@ -10,7 +10,6 @@ node, but move no RDMA traffic: the real-kernel suites do that."""
 from __future__ import annotations
 
 import json
-import re
 import time
 
 import pytest
@@ -18,7 +17,7 @@ import yaml
 
 from integration.cluster import manifests
 from integration.cluster.conftest import REPORT
-from integration.cluster.host_rdma import RAILS, node_address
+from integration.cluster.host_rdma import RAILS
 from integration.cluster.layout import HOST_NODE
 
 pytestmark = pytest.mark.cluster
@@ -30,8 +29,10 @@ DS = "rdma-netns-dp"
 REPORT_SCRIPT = r"""
 for i in /sys/class/net/*; do echo "if ${i##*/}"; done
 while read -r a idx plen scope flags name; do echo "inet6 $name $a $scope"; done < /proc/net/if_inet6
-for d in /dev/infiniband/*; do echo "dev $d"; done
-env | grep -E '^(NCCL|UCX)_' | sed 's/^/env /'
+for d in /dev/infiniband/*; do [ -e "$d" ] && echo "dev $d"; done
+env | while read -r line; do case $line in NCCL_*|UCX_*) echo "env $line";; esac; done
+[ -f /etc/nccl.conf ] && while read -r line; do case $line in NCCL_*) echo "nccl $line";; esac; done < /etc/nccl.conf
+exit 0
 """
 
 
@@ -140,19 +141,23 @@ def test_the_seed_job_without_host_network_gets_rails_devices_and_settings(clust
         interfaces = {line for line in report.get("if", [])}
         assert interfaces == {"lo", "eth0", *(f"rdma{r}" for r in range(RAILS))}, report
         for r in range(RAILS):
-            prefix = node_address(r).split("::")[0]
             globals_ = [a for a in report["inet6"] if a.startswith(f"rdma{r} ") and a.endswith(" 00")]
             assert globals_, f"rdma{r} has no global address: {report['inet6']}"
             link_locals = [a for a in report["inet6"] if a.startswith(f"rdma{r} fe80")]
             assert link_locals, f"rdma{r} has no link-local address (RoCE over IPv6 needs one)"
         assert any(d.startswith("/dev/infiniband/uverbs") for d in report["dev"]), report["dev"]
-        env = dict(line.split("=", 1) for line in report["env"])
-        assert env["NCCL_IB_HCA"].split(",") == [f"=rxe{r}" for r in range(RAILS)] or \
-            set(re.findall(r"rxe\d", env["NCCL_IB_HCA"])) == {f"rxe{r}" for r in range(RAILS)}, env
-        gid_indexes.add(env["NCCL_IB_GID_INDEX"])
+        # Through CDI as the real kubelet passes it (the CRI CDIDevices field): UCX's settings as
+        # environment, NCCL's as /etc/nccl.conf (a variable in the pod spec still wins).
+        env = dict(line.split("=", 1) for line in report.get("env", []))
+        nccl = dict(line.split("=", 1) for line in report.get("nccl", []))
+        hcas = ",".join(f"rxe{r}:1" for r in range(RAILS))
+        assert env.get("UCX_NET_DEVICES") == hcas, report
+        assert nccl.get("NCCL_IB_HCA") == f"={hcas}", report
+        assert nccl.get("NCCL_IB_GID_INDEX") == env.get("UCX_IB_GID_INDEX"), report
+        gid_indexes.add(nccl["NCCL_IB_GID_INDEX"])
         REPORT.append(f"pod {pod['metadata']['name']}: interfaces {sorted(interfaces)}, "
-                      f"{len(report['dev'])} char devices, NCCL_IB_HCA={env['NCCL_IB_HCA']} "
-                      f"NCCL_IB_GID_INDEX={env['NCCL_IB_GID_INDEX']}")
+                      f"{len(report['dev'])} char devices, NCCL_IB_HCA={nccl['NCCL_IB_HCA']} "
+                      f"NCCL_IB_GID_INDEX={nccl['NCCL_IB_GID_INDEX']} UCX_NET_DEVICES={env['UCX_NET_DEVICES']}")
     assert all(i.isdigit() for i in gid_indexes)
 
 
