@@ -125,6 +125,13 @@ class Cluster:
         return namespaces.run(*namespaces.enter(self.layout), CONTAINERD_17.tool("ctr"), "-a",
                               str(self.layout.containerd_socket), "-n", "k8s.io", *args, timeout=timeout)
 
+    def node_path(self, path: str) -> Path:
+        """`path` as the host node sees it (its mount namespace, through containerd's /proc root)."""
+        pid = namespaces.pid_of(self.layout, "containerd")
+        if pid is None:
+            raise RuntimeError("the host node's containerd is not running")
+        return Path(f"/proc/{pid}/root") / path.lstrip("/")
+
     def node_ready(self, node: str) -> bool:
         conditions = {c["type"]: c["status"] for c in self.get("node", node)["status"].get("conditions", [])}
         return conditions.get("Ready") == "True"

@@ -3,8 +3,9 @@
 Everything the cluster writes lives under one folder (RDMA_NETNS_CLUSTER_DIR, default
 /tmp/rdma-netns-cluster); its processes run in one network namespace of its own (the control
 plane's and the host node's "host network") and one mount namespace in which the node's well-known
-folders (/etc/cni/net.d, /opt/cni/bin, /var/lib/kubelet, /run/cdi, ...) are that folder's, so a
-DaemonSet applied as written writes there and never into this machine's own folders.
+folders (/etc/cni/net.d, /opt, /var/lib, /run, ...) are that folder's (NODE_OVERLAYS, NODE_TMPFS,
+NODE_BINDS), so a DaemonSet applied as written writes there and never into this machine's own
+folders.
 """
 
 from __future__ import annotations
@@ -26,18 +27,18 @@ HOST_NODE = "rk8s-host"
 HOST_POD_SUBNET = "10.252.1.0/24"
 CGROUP_ROOT = "/rdma-netns-k8s"  # kubelet's cgroupRoot: everything of the cluster's pods under it
 
-# The node's folders as a real node has them -> the cluster folder's copy (bound in the mount namespace).
+# The node's own copies of this machine's folders, in its mount namespace (like a kind node's):
+# - overlays: the machine's folder read through, what the node writes kept in the cluster folder
+#   (so the DaemonSet's hostPath /opt/rdma-netns-ds, /var/lib/cni/rdma-netns, ... are plain folders
+#   on the node, as on a real one, and its uninstall can remove them);
+# - a fresh tmpfs at /run, as a node boots with;
+# - binds: folders the manifests mount as hostPaths of their own.
+NODE_OVERLAYS = {"/opt": "node/opt", "/var/lib": "node/var-lib"}
+NODE_TMPFS = ("/run",)
 NODE_BINDS = {
     "/etc/cni/net.d": "node/etc-cni-net.d",
     "/opt/cni/bin": "node/opt-cni-bin",
-    "/var/lib/kubelet": "node/var-lib-kubelet",
-    "/var/lib/cni": "node/var-lib-cni",
-    "/var/lib/rdma-netns": "node/var-lib-rdma-netns",
-    "/opt/rdma-netns-ds": "node/opt-rdma-netns-ds",
-    "/run/rdma-netns": "node/run-rdma-netns",
-    "/run/cdi": "node/run-cdi",
     "/etc/cdi": "node/etc-cdi",
-    "/run/containerd": "node/run-containerd",
     "/var/log/pods": "node/var-log-pods",
     "/var/log/containers": "node/var-log-containers",
 }

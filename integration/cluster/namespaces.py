@@ -14,7 +14,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from integration.cluster.layout import BRIDGE, CONTROL_IP, NETNS, NODE_BINDS, NODE_PREFIX_LEN, Layout
+from integration.cluster.layout import (BRIDGE, CONTROL_IP, NETNS, NODE_BINDS, NODE_OVERLAYS, NODE_PREFIX_LEN,
+                                        NODE_TMPFS, Layout)
 
 
 def run(*args: str, check: bool = True, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
@@ -51,6 +52,13 @@ def make_mounts(layout: Layout, extra_steps: list[str] = (), extra_created: list
     run("unshare", f"--mount={layout.mount_ns}", "--propagation", "slave", "true")
     created: list[str] = list(extra_created)
     script = []
+    for target, source in NODE_OVERLAYS.items():
+        upper, work = layout.root / source / "upper", layout.root / source / "work"
+        upper.mkdir(parents=True, exist_ok=True)
+        work.mkdir(parents=True, exist_ok=True)
+        script.append(f"mount -t overlay overlay -o lowerdir={target},upperdir={upper},workdir={work} {target}")
+    for target in NODE_TMPFS:
+        script.append(f"mount -t tmpfs -o mode=755 tmpfs {target}")
     for target, source in NODE_BINDS.items():
         (layout.root / source).mkdir(parents=True, exist_ok=True)
         if not os.path.lexists(target):

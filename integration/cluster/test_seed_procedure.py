@@ -40,9 +40,11 @@ def apply(cluster, text: str, *args: str) -> str:
     return cluster.kubectl("apply", "-f", "-", *args, stdin=text).stdout
 
 
+PRIMARY = "/etc/cni/net.d/10-local-pods.conflist"
+
+
 def rails_primary_conflist(cluster) -> dict:
-    path = cluster.layout.node_source("/etc/cni/net.d") / "10-local-pods.conflist"
-    return json.loads(path.read_text())
+    return json.loads(cluster.node_path(PRIMARY).read_text())
 
 
 def pod_report(cluster, pod: str, namespace: str) -> dict[str, list[str]]:
@@ -64,7 +66,7 @@ def ds_counts(cluster) -> tuple[int, int]:
 
 @pytest.fixture(scope="module")
 def primary_bytes(cluster) -> bytes:
-    return (cluster.layout.node_source("/etc/cni/net.d") / "10-local-pods.conflist").read_bytes()
+    return cluster.node_path(PRIMARY).read_bytes()
 
 
 @pytest.fixture(scope="module")
@@ -179,16 +181,12 @@ def test_uninstall_as_the_docs_say_leaves_the_node_clean(cluster, installed, pri
     cluster.kubectl("apply", "-f", "-", stdin=manifests.uninstall(installed.pinned))
     cluster.wait_for("the uninstall DaemonSet Ready", lambda: _ready(cluster, "rdma-netns-uninstall"), timeout=300)
     cluster.kubectl("delete", "-f", "-", "--wait=true", stdin=manifests.uninstall(installed.pinned), timeout=300)
-    conflist = cluster.layout.node_source("/etc/cni/net.d") / "10-local-pods.conflist"
-    assert conflist.read_bytes() == primary_bytes
-    left = []
-    for target in ("/opt/rdma-netns-ds", "/var/lib/cni", "/var/lib/rdma-netns", "/run/rdma-netns", "/run/cdi"):
-        folder = cluster.layout.node_source(target)
-        left += [str(p) for p in folder.rglob("*") if "rdma-netns" in p.name]
-    cni_bin = cluster.layout.node_source("/opt/cni/bin")
-    left += [str(p) for p in cni_bin.iterdir() if "rdma" in p.name]
-    device_plugins = cluster.layout.node_source("/var/lib/kubelet") / "device-plugins"
-    left += [str(p) for p in device_plugins.iterdir() if "rdma" in p.name]
+    assert cluster.node_path(PRIMARY).read_bytes() == primary_bytes
+    left = [p for p in ("/opt/rdma-netns-ds", "/var/lib/cni/rdma-netns", "/var/lib/rdma-netns/cni-conf",
+                        "/run/rdma-netns", "/opt/cni/bin/rdma-netns") if cluster.node_path(p).exists()]
+    for folder, pattern in (("/run/cdi", "rdma-netns*"), ("/var/lib/kubelet/device-plugins", "rdma-netns*"),
+                            ("/var/lib/kubelet/plugins_registry", "rdma-netns*"), ("/etc/cni/net.d", "*rdma*")):
+        left += [str(p) for p in cluster.node_path(folder).glob(pattern)]
     assert not left, left
 
 
