@@ -25,6 +25,7 @@ class ReleaseImage:
     name: str
     pinned: str
     digest: str
+    archive: Path
 
 
 def _need_root_and_tools() -> None:
@@ -70,7 +71,7 @@ def release_image(cluster, tmp_path_factory) -> ReleaseImage:
     listed = {line.split()[0]: line.split()[2] for line in cluster.ctr("images", "ls").stdout.splitlines()[1:]}
     assert listed.get(facts["image"]) == facts["digest"], f"containerd holds {listed.get(facts['image'])}"
     cluster.ctr("images", "tag", facts["image"], facts["pinned"])
-    return ReleaseImage(facts["image"], facts["pinned"], facts["digest"])
+    return ReleaseImage(facts["image"], facts["pinned"], facts["digest"], Path(facts["archive"]))
 
 
 def pytest_terminal_summary(terminalreporter):

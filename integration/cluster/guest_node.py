@@ -10,6 +10,7 @@ The guest runs the two-node rig's agent; guest_setup.py, run through it, makes i
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -29,6 +30,17 @@ GUEST_CONTAINERD = Path("/var/lib/rk8s/containerd")  # inside the guest (its own
 
 def node_mac(index: int) -> str:
     return f"52:54:00:c{index}:00:01"
+
+
+def stage(path: Path, folder: Path) -> Path:
+    """`path` in `folder`: a hard link, or a copy across file systems."""
+    target = folder / path.name
+    if not target.exists():
+        try:
+            os.link(path, target)
+        except OSError:
+            shutil.copy2(path, target)
+    return target
 
 
 class GuestNode:
@@ -92,13 +104,11 @@ class GuestNode:
                 shutil.copy2(item, guest_pki / item.name)
         for written in (self.shared / f"kubelet-{self.name}.yaml", self.shared / f"kubelet-{self.name}.kubeconfig"):
             written.write_text(written.read_text().replace(str(pki.folder), str(guest_pki)))
-        staged = []
-        for image in images:
-            copy = self.shared / image.name
-            if not copy.exists():
-                shutil.copy2(image, copy)
-            staged.append(str(copy))
+        # The guest does not see this machine's /var/cache: kubelet and the images go through the
+        # shared folder (hard links where the file system allows).
         sandbox = pause_image.build()
+        staged = [str(stage(path, self.shared)) for path in (sandbox.tarball, *images)]
+        argv[0] = str(stage(Path(argv[0]), self.shared))
         config = {
             "shared": str(self.shared), "node_nic": by_mac[node_mac(self.index)],
             "node_cidr": f"{self.ip}/{NODE_PREFIX_LEN}",
@@ -109,7 +119,7 @@ class GuestNode:
             "rail_names": {str(rail): host_rdma.rail_netdev(rail) for rail in range(RAILS)},
             "cni_plugins": str(CNI_PLUGINS), "pod_subnet": self.pod_subnet,
             "containerd_dir": str(GUEST_CONTAINERD), "containerd_bin": str(CONTAINERD17_DIR / "bin"),
-            "sandbox_image": sandbox.name, "images": [str(sandbox.tarball), *staged], "tags": tags,
+            "sandbox_image": sandbox.name, "images": staged, "tags": tags,
             "cgroup_root": CGROUP_ROOT, "kubelet_argv": argv,
         }
         (self.shared / "node.json").write_text(json.dumps(config, indent=2))

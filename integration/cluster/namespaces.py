@@ -156,13 +156,18 @@ def cgroup_tops(cgroup_root: str) -> list[Path]:
 
 
 def make_cgroups(cgroup_root: str) -> None:
-    """kubelet's cgroupRoot must exist before it starts (it refuses a missing one); in cgroup v1's
-    cpuset hierarchy a new group starts with no CPUs and no memory nodes, so give it its parent's."""
+    """kubelet's cgroupRoot must exist before it starts (it refuses a missing one). cgroup v1: in the
+    cpuset hierarchy a new group starts with no CPUs and no memory nodes, so it gets its parent's.
+    cgroup v2: the controllers kubelet needs must be enabled for the group and its children."""
     for top in cgroup_tops(cgroup_root):
         top.mkdir(exist_ok=True)
         for name in ("cpuset.cpus", "cpuset.mems"):
             if (top / name).exists() and not (top / name).read_text().strip():
                 (top / name).write_text((top.parent / name).read_text())
+        if (top / "cgroup.controllers").exists():  # v2
+            for group in (top.parent, top):
+                wanted = (group / "cgroup.controllers").read_text().split()
+                (group / "cgroup.subtree_control").write_text(" ".join(f"+{c}" for c in wanted))
 
 
 def remove_cgroups(cgroup_root: str) -> None:
