@@ -20,3 +20,9 @@ def pytest_terminal_summary(terminalreporter):
 
 def pytest_configure(config):
     enable_test_hooks()  # the suites run the test venv's plugin with test-only variables (testhooks.py)
+
+
+def pytest_collection_modifyitems(items):
+    """The real-cluster suite last: the test command builds its Kubernetes in the background while
+    the other suites run (integration/kube/build.sh --background)."""
+    items.sort(key=lambda item: item.get_closest_marker("cluster") is not None)

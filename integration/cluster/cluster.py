@@ -117,8 +117,16 @@ class Cluster:
         self.wait_for("containerd's socket", lambda: layout.containerd_socket.exists(), timeout=60)
         self.ctr("images", "import", "--snapshotter", "overlayfs", str(image.tarball))
         namespaces.make_cgroups(CGROUP_ROOT)
-        namespaces.spawn(layout, "kubelet", components.kubelet(bin_dir, layout.root, layout.containerd_socket,
-                                                                HOST_NODE, CONTROL_IP, pki))
+        argv = components.kubelet(bin_dir, layout.root, layout.containerd_socket, HOST_NODE, CONTROL_IP, pki)
+        (layout.root / "kubelet.argv").write_text("\0".join(argv))
+        namespaces.spawn(layout, "kubelet", argv)
+
+    def restart_kubelet(self) -> None:
+        """Stop the host node's kubelet (SIGTERM, as a node's service manager does) and start it
+        again with the same command line; pods keep running meanwhile."""
+        argv = (self.layout.root / "kubelet.argv").read_text().split("\0")
+        namespaces.stop(self.layout, "kubelet")
+        namespaces.spawn(self.layout, "kubelet", argv)
 
     def ctr(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
         """containerd's own client against the host node's containerd (namespace k8s.io)."""

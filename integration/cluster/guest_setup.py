@@ -56,6 +56,10 @@ def main(config_path: str) -> int:
     components.write_json(Path("/etc/cni/net.d/10-local-pods.conflist"),
                           components.primary_conflist(config["pod_subnet"]))
     containerd_dir = Path(config["containerd_dir"])
+    # The guest's root is an overlay (run-in-guest.sh's copy-on-write), on which containerd's
+    # overlayfs snapshotter cannot make its own: its root goes on a tmpfs, as on a disk of a node.
+    containerd_dir.mkdir(parents=True, exist_ok=True)
+    sh("mount", "-t", "tmpfs", "-o", "mode=0711", "tmpfs", str(containerd_dir))
     conf = components.containerd_config(containerd_dir, config["sandbox_image"], shutil.which("runc") or "runc")
     env = {"PATH": f"{config['containerd_bin']}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
            "HOME": "/root"}

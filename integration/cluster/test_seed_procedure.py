@@ -175,6 +175,49 @@ def test_a_pod_without_rdma_gets_only_eth0(cluster, installed):
     assert "dev" not in report and "env" not in report, report
 
 
+def test_the_seed_job_with_host_network_gets_its_char_devices(cluster, installed):
+    """The seed's own Job (hostNetwork: true): no rails (not a pod network), but the units' char
+    devices through the device plugin, as before rdma-netns."""
+    job = manifests.training_job(installed.pinned, "wdl-train-hostnet", REPORT_SCRIPT, pods=1, host_network=True)
+    apply(cluster, json.dumps(job), "-n", NAMESPACE)
+    cluster.wait_for("the hostNetwork Job complete", lambda: cluster.get("job", "wdl-train-hostnet", "-n", NAMESPACE)
+                     ["status"].get("succeeded", 0) == 1, timeout=300)
+    (pod,) = cluster.get("pods", "-n", NAMESPACE, "-l", "job-name=wdl-train-hostnet")["items"]
+    report = pod_report(cluster, pod["metadata"]["name"], NAMESPACE)
+    assert any(d.startswith("/dev/infiniband/uverbs") for d in report["dev"]), report
+    assert not {f"rdma{r}" for r in range(RAILS)} & set(report["if"]), report
+
+
+def test_kubelet_restarted_registers_again_and_running_pods_keep_rails(cluster, installed):
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "keeps-rails", "namespace": NAMESPACE},
+           "spec": {"containers": [{"name": "app", "image": installed.pinned,
+                                    "command": ["/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"],
+                                    "resources": {"limits": {"rdma/hca": "1"}}}]}}
+    apply(cluster, json.dumps(pod))
+    cluster.wait_for("the granted pod Running", lambda: cluster.get("pod", "keeps-rails", "-n", NAMESPACE)
+                     ["status"]["phase"] == "Running", timeout=180)
+    rails = cluster.kubectl("exec", "-n", NAMESPACE, "keeps-rails", "--", "cat", "/proc/net/if_inet6").stdout
+    began = time.monotonic()
+    cluster.restart_kubelet()
+    # kubelet starts with no device plugins: the plugin's own watch registers it again.
+    cluster.wait_for("rdma/hca allocatable again", lambda: cluster.get("node", HOST_NODE)["status"]["allocatable"]
+                     .get("rdma/hca") == "1k" and cluster.node_ready(HOST_NODE), timeout=180)
+    cluster.wait_for("the plugin registered again", lambda: any(
+        "rdma-netns" in p.name for p in cluster.node_path("/var/lib/kubelet/device-plugins").iterdir()), timeout=60)
+    REPORT.append(f"kubelet restarted: Ready with rdma/hca 1k again after {time.monotonic() - began:.1f} s")
+    assert cluster.get("pod", "keeps-rails", "-n", NAMESPACE)["status"]["phase"] == "Running"
+    after = cluster.kubectl("exec", "-n", NAMESPACE, "keeps-rails", "--", "cat", "/proc/net/if_inet6").stdout
+    assert sorted(after.splitlines()) == sorted(rails.splitlines())
+    assert "rdma0" in after and "rdma1" in after
+    # A pod granted after the restart still gets its rails (the new registration allocates).
+    job = manifests.training_job(installed.pinned, "after-restart", REPORT_SCRIPT, pods=1)
+    apply(cluster, json.dumps(job), "-n", NAMESPACE)
+    cluster.wait_for("the Job after the restart complete", lambda: cluster.get("job", "after-restart", "-n", NAMESPACE)
+                     ["status"].get("succeeded", 0) == 1, timeout=300)
+    (done,) = cluster.get("pods", "-n", NAMESPACE, "-l", "job-name=after-restart")["items"]
+    assert {f"rdma{r}" for r in range(RAILS)} <= set(pod_report(cluster, done["metadata"]["name"], NAMESPACE)["if"])
+
+
 def test_uninstall_as_the_docs_say_leaves_the_node_clean(cluster, installed, primary_bytes):
     cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=true", timeout=300)
     cluster.kubectl("delete", "-f", "-", "--wait=true", stdin=manifests.daemonset(installed.pinned), timeout=300)

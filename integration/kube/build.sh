@@ -3,8 +3,13 @@
 # Go modules pinned in go.mod/go.sum here: kube-apiserver, kube-controller-manager, kube-scheduler,
 # kubelet and kubectl of one release, and etcd. Test tooling only: nothing here is shipped.
 #
-# Built once per (release, go.sum) into $RDMA_NETNS_KUBE_CACHE (default /var/cache/rdma-netns-kube),
-# outside the checkout; a second run only prints the folder. Prints the bin folder on stdout.
+# Built once per (release, go.sum, recipe) into $RDMA_NETNS_KUBE_CACHE (default
+# /var/cache/rdma-netns-kube), outside the checkout; a second run only prints the folder. Prints the
+# bin folder on stdout.
+#
+#   build.sh               build (or find) and print the folder; waits for a build under way
+#   build.sh --background  start the build niced in the background and return at once (the test
+#                          command does this, so the build uses what the first suites leave idle)
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cd "$HERE"
@@ -15,6 +20,19 @@ RELEASE=$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ {print $2; exit}' go.mod)
 RECIPE=1
 KEY=$( (cat go.mod go.sum; echo "recipe=$RECIPE"; go version 2>/dev/null) | sha256sum | cut -c1-12)
 OUT=$CACHE_ROOT/$RELEASE-$KEY
+if [ -e "$OUT/bin/.complete" ]; then
+    [ "${1:-}" = --background ] || echo "$OUT/bin"
+    exit 0
+fi
+mkdir -p "$CACHE_ROOT"
+if [ "${1:-}" = --background ]; then
+    nohup nice -n 10 "$0" > "$CACHE_ROOT/build-$RELEASE.log" 2>&1 < /dev/null &
+    echo "kube/build.sh: building Kubernetes $RELEASE in the background (log: $CACHE_ROOT/build-$RELEASE.log)" >&2
+    exit 0
+fi
+# One build at a time: a second caller waits here, then finds the first one's result.
+exec 9> "$CACHE_ROOT/.build.lock"
+flock 9
 if [ -e "$OUT/bin/.complete" ]; then
     echo "$OUT/bin"
     exit 0
@@ -30,7 +48,6 @@ ldflags="-s -w -X $pkg.gitVersion=$RELEASE -X $pkg.gitMajor=$major -X $pkg.gitMi
 ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
 ldflags+=" -X k8s.io/client-go/pkg/version.gitVersion=$RELEASE"
 
-mkdir -p "$CACHE_ROOT"
 tmp=$(mktemp -d "$CACHE_ROOT/.build.XXXXXX")
 chmod 755 "$tmp"
 trap 'rm -rf "$tmp"' EXIT
