@@ -23,8 +23,10 @@ def _rails(entry: dict) -> None:
     entry["rails"] = [{"netdev": rail_netdev(r), "ifname": f"rdma{r}"} for r in range(RAILS)]
 
 
-def daemonset(image: str) -> str:
-    """conf/k8s/rdma-netns-dp-daemonset.yaml with the image and the rails of this cluster's nodes."""
+def daemonset(image: str, probe_timeout_s: int | None = None) -> str:
+    """conf/k8s/rdma-netns-dp-daemonset.yaml with the image and the rails of this cluster's nodes.
+    probe_timeout_s: every probe's timeoutSeconds, for nodes under software emulation, where one
+    Python probe takes longer than the manifest's 5 s (the guest node; docs/testing.md)."""
     docs = documents("rdma-netns-dp-daemonset.yaml")
     for doc in docs:
         if doc["kind"] == "ConfigMap":
@@ -35,6 +37,9 @@ def daemonset(image: str) -> str:
             spec = doc["spec"]["template"]["spec"]
             for container in [*spec.get("initContainers", []), *spec["containers"]]:
                 container["image"] = image
+                for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+                    if probe_timeout_s and probe in container:
+                        container[probe]["timeoutSeconds"] = probe_timeout_s
     return yaml.safe_dump_all(docs)
 
 

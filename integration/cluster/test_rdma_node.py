@@ -51,7 +51,8 @@ def rdma_node(cluster, release_image):
 
 
 def test_daemonset_on_both_rdma_nodes(cluster, rdma_node, release_image):
-    cluster.kubectl("apply", "-f", "-", stdin=manifests.daemonset(release_image.pinned))
+    # Under software emulation one Python probe takes longer than the manifest's 5 s.
+    cluster.kubectl("apply", "-f", "-", stdin=manifests.daemonset(release_image.pinned, probe_timeout_s=90))
     for node in (HOST_NODE, GUEST):
         cluster.kubectl("label", "node", node, "rdma-netns.io/rdma=true")
     began = time.monotonic()
