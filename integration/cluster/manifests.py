@@ -23,10 +23,11 @@ def _rails(entry: dict) -> None:
     entry["rails"] = [{"netdev": rail_netdev(r), "ifname": f"rdma{r}"} for r in range(RAILS)]
 
 
-def daemonset(image: str, probe_timeout_s: int | None = None) -> str:
+def daemonset(image: str, emulated: bool = False) -> str:
     """conf/k8s/rdma-netns-dp-daemonset.yaml with the image and the rails of this cluster's nodes.
-    probe_timeout_s: every probe's timeoutSeconds, for nodes under software emulation, where one
-    Python probe takes longer than the manifest's 5 s (the guest node; docs/testing.md)."""
+    emulated: for a node under software emulation (the guest node; docs/testing.md), where one
+    Python probe takes longer than the manifest's 5 s and the daemon's 1 s loop can take longer
+    than the probes' 10 s: every probe's timeoutSeconds 90, the health file's --max-age 120."""
     docs = documents("rdma-netns-dp-daemonset.yaml")
     for doc in docs:
         if doc["kind"] == "ConfigMap":
@@ -38,8 +39,11 @@ def daemonset(image: str, probe_timeout_s: int | None = None) -> str:
             for container in [*spec.get("initContainers", []), *spec["containers"]]:
                 container["image"] = image
                 for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
-                    if probe_timeout_s and probe in container:
-                        container[probe]["timeoutSeconds"] = probe_timeout_s
+                    if emulated and probe in container:
+                        container[probe]["timeoutSeconds"] = 90
+                        command = container[probe].get("exec", {}).get("command", [])
+                        if "--max-age" in command:
+                            command[command.index("--max-age") + 1] = "120"
     return yaml.safe_dump_all(docs)
 
 
