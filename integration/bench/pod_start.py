@@ -122,7 +122,7 @@ def pod(name: str, image: str, granted: bool) -> dict:
     if granted:
         container["resources"] = {"limits": {"rdma/hca": "1"}}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NAMESPACE},
-            "spec": {"nodeName": None, "terminationGracePeriodSeconds": 1, "containers": [container],
+            "spec": {"terminationGracePeriodSeconds": 1, "containers": [container],
                      "nodeSelector": {"kubernetes.io/hostname": HOST_NODE}}}
 
 
@@ -130,7 +130,6 @@ def create(api: Api, names: list[str], image: str, granted: bool) -> dict[str, f
     created = {}
     for name in names:
         body = pod(name, image, granted)
-        del body["spec"]["nodeName"]
         created[name] = time.time()
         api.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", body)
     return created

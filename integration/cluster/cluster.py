@@ -80,7 +80,7 @@ class Cluster:
         components.kubeconfig(layout.admin_kubeconfig, pki, ADMIN)
         namespaces.make_network(layout)
         fake = host_rdma.make(layout)
-        namespaces.make_mounts(layout, host_rdma.mount_script(fake), host_rdma.created_outside(layout))
+        namespaces.make_mounts(layout, host_rdma.mount_script(fake), host_rdma.created_outside())
         namespaces.spawn(layout, "etcd", components.etcd(bin_dir, layout))
         namespaces.spawn(layout, "kube-apiserver", components.apiserver(bin_dir, layout, pki))
         self.wait_for("the API server's /readyz", self._api_ready, timeout=180)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from integration.cluster.namespaces import run
 from integration.cluster.pki import Pki
 from integration.cri import pause_image
 from integration.cri.rig import CNI_PLUGINS, CONTAINERD17_DIR
-from integration.two_nodes.rig import AGENT, RAILS, RUN_IN_GUEST, Node, NodeError, rail_mac
+from integration.two_nodes.rig import RAILS, Node, NodeError, rail_mac
 
 REPO = Path(__file__).resolve().parents[2]
 GUEST_CONTAINERD = Path("/var/lib/rk8s/containerd")  # inside the guest (its own copy-on-write root)
@@ -72,16 +71,9 @@ class GuestNode:
         run("ip", "-n", NETNS, "tuntap", "add", "dev", self.tap, "mode", "tap")
         run("ip", "-n", NETNS, "link", "set", self.tap, "master", BRIDGE, "up")
         agent = Node(self.index, self.shared, self.shared)
-        argv = ["nsenter", f"--net=/run/netns/{NETNS}", "--", str(RUN_IN_GUEST), "--timeout", "7200",
-                "--cpus", str(self.cpus), "--memory", self.memory, "--name", self.name,
-                "--results", str(self.shared), "--boot-attempts", "1"]
-        for opt in self._qemu_opts():
-            argv += ["--qemu-opt", opt]
-        argv += ["--", "/usr/bin/python3", str(AGENT)]
-        agent.console = open(self.shared.parent / f"{self.name}-console.log", "w")
-        agent.proc = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=agent.console,
-                                      stderr=subprocess.STDOUT, start_new_session=True)
-        agent.started = time.monotonic()
+        agent.qemu_opts = self._qemu_opts()
+        agent.boot(cpus=self.cpus, memory=self.memory, timeout_s=7200, name=self.name,
+                   wrap=("nsenter", f"--net=/run/netns/{NETNS}", "--"))
         self.agent = agent
         agent.wait_ready(time.monotonic() + timeout)
         self.booted_s = agent.booted_s

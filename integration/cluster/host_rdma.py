@@ -73,5 +73,6 @@ def mount_script(fake: FakeRdmaSysfs) -> list[str]:
     return steps
 
 
-def created_outside(layout: Layout) -> list[str]:
+def created_outside() -> list[str]:
+    """Folders mount_script() makes on this machine (down removes them)."""
     return [] if Path("/dev/infiniband").exists() else ["/dev/infiniband"]

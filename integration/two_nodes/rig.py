@@ -62,9 +62,12 @@ class Node:
                                           f"remote.type=unix,remote.path={remote}",
                                "-device", f"virtio-net-pci,netdev=rail{rail},mac={rail_mac(index, rail)}"]
 
-    def boot(self) -> None:
-        argv = [str(RUN_IN_GUEST), "--timeout", str(SESSION_TIMEOUT_S), "--cpus", "1", "--memory", "1536M",
-                "--name", self.name, "--results", str(self.results),
+    def boot(self, *, cpus: int = 1, memory: str = "1536M", timeout_s: int = SESSION_TIMEOUT_S,
+             name: str | None = None, wrap: tuple[str, ...] = ()) -> None:
+        """Start the guest with its agent. wrap: a command prefix for run-in-guest.sh (the real
+        cluster's guest node runs it in the cluster's network namespace, for its tap NIC)."""
+        argv = [*wrap, str(RUN_IN_GUEST), "--timeout", str(timeout_s), "--cpus", str(cpus), "--memory", memory,
+                "--name", name or self.name, "--results", str(self.results),
                 # one boot: a second QEMU could not bind the wires' unix sockets the first one left
                 "--boot-attempts", "1"]
         for opt in self.qemu_opts:
