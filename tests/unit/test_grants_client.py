@@ -231,7 +231,7 @@ def test_the_early_question_is_the_one_asked_and_its_answer_is_used(broker_with)
     assert len(b.requests) == 1, "the early answer was used, not a second question"
     assert b.requests[0] == {"v": 1, "podResourcesSocket": "/var/lib/kubelet/pod-resources/kubelet.sock",
                              "namespace": "team-a", "name": "trainer", "uid": "uid-1",
-                             "resourceName": "rdma/hca", "timeoutMs": 500}
+                             "resourceName": "rdma/hca", "timeoutMs": 2000}
 
 
 def test_an_early_question_that_differs_is_dropped_and_asked_again(broker_with):
