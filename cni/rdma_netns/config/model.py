@@ -6,10 +6,16 @@ it on every call: config/loader.py validates a config once and caches the verdic
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+# pydantic loads every installed package's `pydantic` entry points (plugins) into the process when
+# it builds the first model. This runs as root on every node: no third-party code that way, and no
+# scan of every installed package's metadata on the first ADD of a new config.
+os.environ["PYDANTIC_DISABLE_PLUGINS"] = "__all__"
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator  # noqa: E402
 
 from rdma_netns.config.defaults import (
     DEFAULT_CDI_KIND,
