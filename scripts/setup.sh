@@ -18,7 +18,7 @@ fi
 
 missing=()
 for pkg in containernetworking-plugins iproute2 iputils-ping podman conmon crun runc busybox-static containerd strace time \
-           mmdebstrap patchelf prometheus graphviz; do
+           mmdebstrap patchelf prometheus graphviz python3.11 python3-venv; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -27,7 +27,15 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-PYTHON=${PYTHON:-python3}
+# Debian's own Python 3.11 (the interpreter the release image ships, and the one python3-pyverbs
+# is built for), not whichever python3 comes first on PATH: a self-built one with a 23 MB shared
+# libpython took 7-10 s to start in the real-kernel guests (read over 9p on every start) against
+# Debian's 1.7 s. A venv made from another interpreter is made again.
+PYTHON=${PYTHON:-/usr/bin/python3.11}
+if [ -x .venv/bin/python ] && [ "$(.venv/bin/python -c 'import sys; print(sys._base_executable)')" != "$PYTHON" ]; then
+  echo "setup.sh: .venv was made from another Python; making it again from $PYTHON"
+  rm -rf .venv
+fi
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
