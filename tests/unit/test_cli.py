@@ -71,3 +71,41 @@ def test_mode_on_a_kernel_without_rdma_and_persist(tmp_path: Path):
     assert out.returncode == 0, out.stderr
     assert "options ib_core netns_mode=0" in target.read_text()
     assert run("mode", "set").returncode == 2  # a value is required
+
+
+PLUGIN_PROBE = """
+import sys
+sys.path.insert(0, sys.argv[1])
+if sys.argv[2] == "ours":
+    from rdma_netns.config import model
+    model.validate({"cniVersion": "1.1.0", "name": "n", "type": "rdma-netns", "rails": [{"netdev": "eth9"}], "pairing": False,
+                    "ipam": {"type": "host-local"}})
+else:  # a model of anyone else's, built the same way
+    import pydantic
+    class Other(pydantic.BaseModel):
+        x: int
+    Other(x=1)
+"""
+
+
+def test_validation_loads_no_pydantic_plugin(tmp_path: Path):
+    """pydantic imports every installed package's `pydantic` entry point when it builds a model;
+    the root plugin validating a config must not run such code (a package on the node's path)."""
+    marker = tmp_path / "plugin-loaded"
+    (tmp_path / "sneaky_plugin.py").write_text(f"open({str(marker)!r}, 'w').close()\n"
+                                             "class Plugin:\n"
+                                             "    def new_schema_validator(self, *args, **kw):\n"
+                                             "        return None, None, None\n"
+                                             "plugin = Plugin()\n")
+    dist = tmp_path / "sneaky_plugin-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: sneaky-plugin\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[pydantic]\nsneaky = sneaky_plugin:plugin\n")
+    python = str(Path(installed_executable()).parent / "python")
+
+    control = subprocess.run([python, "-c", PLUGIN_PROBE, str(tmp_path), "other"], capture_output=True, text=True)
+    assert control.returncode == 0 and marker.exists(), f"the probe cannot see a plugin load: {control.stderr}"
+    marker.unlink()
+    ours = subprocess.run([python, "-c", PLUGIN_PROBE, str(tmp_path), "ours"], capture_output=True, text=True)
+    assert ours.returncode == 0, ours.stderr
+    assert not marker.exists(), "validating a config loaded a third-party pydantic plugin"
