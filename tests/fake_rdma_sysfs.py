@@ -217,6 +217,18 @@ class FakeRdmaSysfs:
         self._add_uverbs(dev, self._parent_dir(dev))
         return number
 
+    def unload_uverbs(self) -> None:
+        """As `modprobe -r ib_uverbs`: every uverbs class entry and /dev node goes; the devices stay."""
+        for dev in self.devices.values():
+            if dev.uverbs >= 0:
+                self._remove_uverbs(dev)
+
+    def load_uverbs(self) -> None:
+        """As `modprobe ib_uverbs` after unload_uverbs(): each device gets its uverbs back."""
+        for dev in self.devices.values():
+            if dev.uverbs >= 0 and not (self.sys / "class/infiniband_verbs" / f"uverbs{dev.uverbs}").exists():
+                self._add_uverbs(dev, self._parent_dir(dev))
+
     # --- mlx5's real shape: RoCE LAG bonds and 255-entry GID tables ----------------------------
     def add_bond(self, name: str, members: list[str]) -> None:
         """A bonding device over existing netdevs, as drivers/net/bonding links it in sysfs:

@@ -87,6 +87,11 @@ class Daemon:
             self.log_gid_capacity(pool)
             if changed:
                 _, units = pool.snapshot()
+                unopenable = [d.name for d in pool.devices if d.uverbs is None]
+                if unopenable:
+                    log.warning("RDMA devices without a uverbs char device: their units are Unhealthy until "
+                                "ib_uverbs is loaded (modprobe ib_uverbs; rdma-core loads it at boot)",
+                                extra={"resource": pool.resource.name, "rdma_devices": unopenable})
                 log.info("devices", extra={"resource": pool.resource.name, "devices": len(units),
                                            "healthy": sum(u.healthy for u in units),
                                            "rdma_devices": [d.name for d in pool.devices],

@@ -55,3 +55,17 @@ def test_shared_units_with_one_device_down(host: Host, rule: str):
         time.sleep(4 * INTERVAL)
         assert set(plugin.latest.health().values()) == {"Healthy"}, "one DOWN device of many: still Healthy"
     assert daemon.alive()
+
+
+def test_units_are_unhealthy_while_ib_uverbs_is_not_loaded(host: Host):
+    """Found on the real cluster's guest node: Soft-RoCE up, ib_uverbs not loaded, the units
+    advertised Healthy, and kubelet's Allocate then failed every pod of the Job
+    (UnexpectedAdmissionError). Unhealthy keeps the scheduler away, and the log says why."""
+    daemon, plugin = host.start_registered(config=config(None))
+    assert set(plugin.latest.health().values()) == {"Healthy"}
+    host.fake.unload_uverbs()
+    plugin.wait_for(lambda u: set(u.health().values()) == {"Unhealthy"}, 5, "Unhealthy without uverbs")
+    assert "ib_uverbs is loaded" in daemon.stderr()
+    host.fake.load_uverbs()
+    plugin.wait_for(lambda u: set(u.health().values()) == {"Healthy"}, 5, "Healthy again")
+    assert daemon.alive()

@@ -61,8 +61,10 @@ class RdmaDevice:
 
     @property
     def healthy(self) -> bool:
-        """Usable now: at least one port is ACTIVE (a device whose links are all down is not)."""
-        return any(p.active for p in self.ports)
+        """Usable now: at least one port is ACTIVE (a device whose links are all down is not) and
+        a uverbs char device to open it by (none while ib_uverbs is not loaded: every Allocate
+        would fail, so the scheduler must not place pods on it)."""
+        return self.uverbs is not None and any(p.active for p in self.ports)
 
     @property
     def link_types(self) -> set[str]:
