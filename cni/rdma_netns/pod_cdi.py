@@ -57,14 +57,26 @@ def plan(pod_info_dir: str, spec_dir: str, kind: str, container_id: str, ifname:
 
 
 def device_nodes(devices: list[str], uverbs: dict[str, list], dev_root: str = "") -> list[dict]:
-    """CDI device nodes for the rails' RDMA devices: each one's uverbs char device, and rdma_cm.
+    """CDI device nodes for the rails' RDMA devices: each one's uverbs char device, and rdma_cm
+    where the node has it (rdma_ucm loaded: a node without it still runs verbs, and a node the
+    runtime cannot find fails the container).
     `uverbs`: RdmaSysfs.char_devices("infiniband_verbs") (device -> [(uverbsN, port)])."""
     root = dev_root or DEV_ROOT
     names = [entry[0] for device in dict.fromkeys(devices) for entry in uverbs.get(device) or []]
     if not devices:
         return []
+    if _exists(f"{root}/infiniband/{RDMA_CM}"):
+        names.append(RDMA_CM)
     return [{"path": f"/dev/infiniband/{n}", "hostPath": f"{root}/infiniband/{n}", "permissions": "rw"}
-            for n in names + [RDMA_CM]]
+            for n in names]
+
+
+def _exists(path: str) -> bool:
+    try:
+        posix.stat(path)
+        return True
+    except OSError:
+        return False
 
 
 def nccl_conf_path(info_file: str) -> str:

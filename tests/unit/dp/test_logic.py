@@ -131,22 +131,25 @@ def test_cni_state_names_devices_moved_in_exclusive_mode(tmp_path):
 
 def test_grant_looks_char_devices_up_now(sysfs, tmp_path):
     devices = [d for d in sysfs.devices() if d.name in ("mlx5_0", "rxe0")]
-    g = grant(devices, sysfs, "/dev", "rdma/hca", "rdma_hca", include_umad=False, use_cdi=False)
+    dev = tmp_path / "dev"
+    write(dev / "infiniband/rdma_cm", "")  # rdma_ucm loaded
+    g = grant(devices, sysfs, str(dev), "rdma/hca", "rdma_hca", include_umad=False, use_cdi=False)
     assert [(n.container_path, n.host_path, n.permissions) for n in g.nodes] == [
-        ("/dev/infiniband/uverbs0", "/dev/infiniband/uverbs0", "rw"),
-        ("/dev/infiniband/uverbs2", "/dev/infiniband/uverbs2", "rw"),
-        ("/dev/infiniband/rdma_cm", "/dev/infiniband/rdma_cm", "rw")]
+        ("/dev/infiniband/uverbs0", f"{dev}/infiniband/uverbs0", "rw"),
+        ("/dev/infiniband/uverbs2", f"{dev}/infiniband/uverbs2", "rw"),
+        ("/dev/infiniband/rdma_cm", f"{dev}/infiniband/rdma_cm", "rw")]
     assert g.envs == {"RDMA_NETNS_RESOURCE": "rdma/hca", "RDMA_NETNS_DEVICES": "mlx5_0,rxe0",
                       "RDMA_NETNS_NETDEVS": "ens1f0,veth0",
                       "RDMA_NETNS_UVERBS": "/dev/infiniband/uverbs0,/dev/infiniband/uverbs2"}
-    # The kernel re-created rxe0's char device as uverbs5 (after a namespace move).
+    # The kernel re-created rxe0's char device as uverbs5 (after a namespace move); rdma_ucm is not
+    # loaded on this node: no rdma_cm node, which the runtime could not find (the container would fail).
     root = Path(sysfs.root)
     (root / "class/infiniband_verbs/uverbs2/ibdev").unlink()
     write(root / "class/infiniband_verbs/uverbs5/ibdev", "rxe0")
     g = grant(devices, sysfs, "/host/dev", "rdma/hca", "rdma_hca", include_umad=True, use_cdi=False)
     assert [n.host_path for n in g.nodes] == [
         "/host/dev/infiniband/uverbs0", "/host/dev/infiniband/issm0", "/host/dev/infiniband/umad0",
-        "/host/dev/infiniband/uverbs5", "/host/dev/infiniband/rdma_cm"]
+        "/host/dev/infiniband/uverbs5"]
     g = grant(devices + devices, sysfs, "/dev", "rdma/hca", "rdma_hca", include_umad=False, use_cdi=True)
     assert g.nodes == [] and g.cdi_devices == ["rdma-netns.io/rdma_hca=mlx5_0", "rdma-netns.io/rdma_hca=rxe0"]
     (root / "class/infiniband_verbs/uverbs5/ibdev").unlink()
@@ -157,11 +160,15 @@ def test_grant_looks_char_devices_up_now(sysfs, tmp_path):
 
 
 def test_cdi_spec_is_written_atomically_and_only_on_change(sysfs, tmp_path):
-    spec = cdi.build_spec("rdma_hca", sysfs.devices(), "/dev", include_umad=False)
+    dev = tmp_path / "dev"
+    assert cdi.build_spec("rdma_hca", sysfs.devices(), str(dev), False)["containerEdits"]["deviceNodes"] == [], \
+        "no rdma_cm node on a node without rdma_ucm (the runtime would fail the container)"
+    write(dev / "infiniband/rdma_cm", "")
+    spec = cdi.build_spec("rdma_hca", sysfs.devices(), str(dev), include_umad=False)
     assert spec["kind"] == "rdma-netns.io/rdma_hca" and spec["cdiVersion"] == "0.5.0"
     assert [d["name"] for d in spec["devices"]] == ["mlx5_0", "mlx5_1", "rxe0"]
     assert spec["devices"][2]["containerEdits"]["deviceNodes"] == [
-        {"path": "/dev/infiniband/uverbs2", "hostPath": "/dev/infiniband/uverbs2", "permissions": "rw"}]
+        {"path": "/dev/infiniband/uverbs2", "hostPath": f"{dev}/infiniband/uverbs2", "permissions": "rw"}]
     assert spec["containerEdits"]["deviceNodes"][0]["path"] == "/dev/infiniband/rdma_cm"
     out = tmp_path / "cdi"
     assert cdi.write_spec(str(out), "rdma_hca", spec)
