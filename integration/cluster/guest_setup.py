@@ -41,7 +41,12 @@ def main(config_path: str) -> int:
     node_nic = config["node_nic"]
     sh("ip", "address", "add", config["node_cidr"], "dev", node_nic)
     sh("ip", "link", "set", node_nic, "up")
+    # What rdma-core's udev rules and rdma-load-modules do on a node: rdma_rxe does not pull in
+    # ib_uverbs, and without it no pod can open a device (the plugin's units are then Unhealthy).
+    # rdma_ucm stays unloaded: the Job's verbs traffic needs no /dev/infiniband/rdma_cm, and a node
+    # without it must still run pods (the plugin then leaves rdma_cm out of their devices).
     sh("modprobe", "rdma_rxe")
+    sh("modprobe", "ib_uverbs")
     for rail, nic in sorted(config["rails"].items()):
         sh("ip", "link", "set", nic, "name", config["rail_names"][rail])
         nic = config["rail_names"][rail]

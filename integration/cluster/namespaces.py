@@ -30,10 +30,17 @@ def enter(layout: Layout) -> list[str]:
     return ["nsenter", f"--net={layout.netns_path}", f"--mount={layout.mount_ns}", "--"]
 
 
+def _identity(netns_path: Path) -> str:
+    """Which namespace the bind mount at netns_path is (its nsfs inode)."""
+    st = os.stat(netns_path)
+    return f"{st.st_dev}:{st.st_ino}"
+
+
 def make_network(layout: Layout) -> None:
     if layout.netns_path.exists():
         raise RuntimeError(f"network namespace {NETNS} exists already (scripts/cluster.sh down first)")
     run("ip", "netns", "add", NETNS)
+    (layout.root / "netns.id").write_text(_identity(layout.netns_path))
     ns = ["ip", "-n", NETNS]
     run(*ns, "link", "set", "lo", "up")
     run(*ns, "link", "add", BRIDGE, "type", "bridge")
@@ -191,7 +198,10 @@ def remove_namespaces(layout: Layout) -> None:
         run("umount", str(layout.mount_ns), check=False)
     if layout.ns_dir.exists():
         run("umount", str(layout.ns_dir), check=False)
-    if layout.netns_path.exists():
+    # The name is fixed (one cluster at a time): delete it only when it is the one this cluster
+    # made, never a newer cluster's that started while this one was still going down.
+    made = layout.root / "netns.id"
+    if layout.netns_path.exists() and made.exists() and made.read_text() == _identity(layout.netns_path):
         run("ip", "netns", "delete", NETNS, check=False)
     if layout.created_dirs.exists():
         for folder in reversed(layout.created_dirs.read_text().split()):
