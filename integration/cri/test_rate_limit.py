@@ -269,7 +269,7 @@ def _poll_kubelet(socket: Path, rate: float, stop: threading.Event) -> None:
 def test_32_pods_at_once_asking_kubelet_directly(rig, node):
     """No broker (the daemon restarting, or not deployed): 32 CNI processes ask kubelet at once and
     meet its bucket; they retry inside podResourcesTimeoutMs and every pod starts right.
-    podResourcesTimeoutMs 5000: with the default 500 ms, 32 processes each dialling gRPC at once on
+    podResourcesTimeoutMs 5000: with 500 ms (the default until issue 37), 32 processes each dialling gRPC at once on
     this 2-core machine ran out of time before kubelet's answer (a CPU shortage, no refusal seen),
     which is the broker's reason to be; this measures the rate limit, not that."""
     rig.use_network("chained", resourceName=RESOURCE, podResourcesSocket=str(node.pod_resources.socket),

@@ -312,7 +312,7 @@ def test_a_pod_admitted_while_a_list_runs_is_never_answered_from_it(shared):
 def test_another_client_draining_kubelets_bucket_fails_no_question(shared):
     """A monitoring agent gone wrong tries PodResources 150 times a second, more than kubelet's
     100: kubelet's bucket stays empty and refuses whoever comes after each new token. 32 pods
-    asking at once with the default 500 ms deadline all get their grant. (This one passes with
+    asking at once with a 500 ms deadline (the default until issue 37) all get their grant. (This one passes with
     pauses up to 200 ms too; through containerd's CRI, with the CPU the sandboxes take, those
     left 14 of 32 pods failing: integration/cri/test_rate_limit.py.)"""
     import grpc

@@ -54,7 +54,7 @@ def primary_result(node, pod: str) -> dict:
 
 
 def paired(node, kubelet, version: str = "1.0.0", rails: int = 1, **extra) -> dict:
-    """A config that pairs with the stand-in. The timeout is generous (the default is 500 ms):
+    """A config that pairs with the stand-in. The timeout is generous (the default is 2 s):
     the Python stand-in on a loaded 2-core CI machine is far slower than kubelet."""
     extra.setdefault("podResourcesTimeoutMs", 5000)
     return node.conf(rails=rails, version=version, resourceName=RESOURCE,
