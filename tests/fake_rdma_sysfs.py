@@ -71,6 +71,7 @@ class FakeRdmaSysfs:
         _write(self.sys / "class/infiniband_mad/abi_version", "5")
         (self.dev / "infiniband").mkdir(parents=True, exist_ok=True)
         _write(self.dev / "infiniband/rdma_cm", "")
+        (self.sys / "class/misc/rdma_cm").mkdir(parents=True, exist_ok=True)  # rdma_ucm loaded
         self.set_netns_mode(netns_mode)
 
     # --- kernel-wide --------------------------------------------------------------------------

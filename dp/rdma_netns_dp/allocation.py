@@ -66,9 +66,9 @@ def grant(devices: list[RdmaDevice], sysfs: DeviceSysfs, dev_root: str, resource
         for char in wanted:
             nodes.setdefault(char.container_path, DeviceNode(
                 char.container_path, os.path.join(dev_root, "infiniband", char.name)))
-    rdma_cm = os.path.join(dev_root, "infiniband", RDMA_CM)
-    if os.path.exists(rdma_cm):  # rdma_ucm loaded; verbs work without it, a missing node fails the container
-        nodes.setdefault(f"/dev/infiniband/{RDMA_CM}", DeviceNode(f"/dev/infiniband/{RDMA_CM}", rdma_cm))
+    if sysfs.rdma_cm_present():  # rdma_ucm loaded; verbs work without it, a missing node fails the container
+        nodes.setdefault(f"/dev/infiniband/{RDMA_CM}",
+                         DeviceNode(f"/dev/infiniband/{RDMA_CM}", os.path.join(dev_root, "infiniband", RDMA_CM)))
     netdevs = sorted({n for d in devices for n in d.netdevs})
     out = ContainerGrant(envs={
         "RDMA_NETNS_RESOURCE": resource_name,

@@ -21,7 +21,7 @@ def spec_path(spec_dir: str, slug: str) -> str:
     return os.path.join(spec_dir, f"rdma-netns-{slug}.json")
 
 
-def build_spec(slug: str, devices: list[RdmaDevice], dev_root: str, include_umad: bool) -> dict:
+def build_spec(slug: str, devices: list[RdmaDevice], dev_root: str, include_umad: bool, rdma_cm: bool) -> dict:
     entries = []
     for device in sorted(devices, key=lambda d: d.name):
         chars = ([device.uverbs] if device.uverbs else []) + (list(device.mad) if include_umad else [])
@@ -30,11 +30,10 @@ def build_spec(slug: str, devices: list[RdmaDevice], dev_root: str, include_umad
         entries.append({"name": device.name, "containerEdits": {"deviceNodes": [
             {"path": c.container_path, "hostPath": os.path.join(dev_root, "infiniband", c.name),
              "permissions": "rw"} for c in chars]}})
-    rdma_cm = os.path.join(dev_root, "infiniband", RDMA_CM)
     # Applied once whenever any device of this spec is injected; rdma_cm only where the node has
-    # it (rdma_ucm loaded): a device node the runtime cannot find fails the container.
-    common = [{"path": f"/dev/infiniband/{RDMA_CM}", "hostPath": rdma_cm, "permissions": "rw"}] \
-        if os.path.exists(rdma_cm) else []
+    # it (rdma_cm: rdma_ucm loaded): a device node the runtime cannot find fails the container.
+    common = [{"path": f"/dev/infiniband/{RDMA_CM}", "hostPath": os.path.join(dev_root, "infiniband", RDMA_CM),
+               "permissions": "rw"}] if rdma_cm else []
     return {
         "cdiVersion": CDI_VERSION,
         "kind": cdi_kind(slug),

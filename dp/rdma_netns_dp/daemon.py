@@ -98,7 +98,7 @@ class Daemon:
                                            "in_pods": sorted(pool.in_pods), "blocked": blocked})
             if self.config.cdi.enabled:
                 spec = cdi.build_spec(pool.resource.slug, list(pool.devices) + self.away_devices(pool, in_pods),
-                                      self.config.devRoot, pool.resource.includeUmad)
+                                      self.config.devRoot, pool.resource.includeUmad, self.sysfs.rdma_cm_present())
                 if cdi.write_spec(self.config.cdi.specDir, pool.resource.slug, spec):
                     log.info("CDI spec written", extra={"path": cdi.spec_path(self.config.cdi.specDir,
                                                                               pool.resource.slug)})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -102,10 +103,14 @@ def test_validation_loads_no_pydantic_plugin(tmp_path: Path):
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: sneaky-plugin\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text("[pydantic]\nsneaky = sneaky_plugin:plugin\n")
     python = str(Path(installed_executable()).parent / "python")
+    # Not inherited: a test before this one may have loaded the model into pytest's own process.
+    env = {k: v for k, v in os.environ.items() if k != "PYDANTIC_DISABLE_PLUGINS"}
 
-    control = subprocess.run([python, "-c", PLUGIN_PROBE, str(tmp_path), "other"], capture_output=True, text=True)
+    control = subprocess.run([python, "-c", PLUGIN_PROBE, str(tmp_path), "other"], capture_output=True, text=True,
+                             env=env)
     assert control.returncode == 0 and marker.exists(), f"the probe cannot see a plugin load: {control.stderr}"
     marker.unlink()
-    ours = subprocess.run([python, "-c", PLUGIN_PROBE, str(tmp_path), "ours"], capture_output=True, text=True)
+    ours = subprocess.run([python, "-c", PLUGIN_PROBE, str(tmp_path), "ours"], capture_output=True, text=True,
+                          env=env)
     assert ours.returncode == 0, ours.stderr
     assert not marker.exists(), "validating a config loaded a third-party pydantic plugin"

@@ -133,6 +133,11 @@ class RdmaSysfs:
         """True when the kernel has an RDMA core (ib_core loaded)."""
         return paths.isdir(f"{self.root}/class/infiniband") or paths.isdir(f"{self.root}/module/ib_core")
 
+    def rdma_cm_present(self) -> bool:
+        """True when rdma_ucm is loaded: its misc device is what /dev/infiniband/rdma_cm opens.
+        Read here, not in /dev, because the device plugin's container has no /dev of the host."""
+        return paths.exists(f"{self.root}/class/misc/rdma_cm")
+
     def netns_mode(self) -> str | None:
         """'shared' or 'exclusive', read live from ib_core's netns_mode parameter (None: no RDMA core).
 

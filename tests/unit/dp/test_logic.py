@@ -132,7 +132,7 @@ def test_cni_state_names_devices_moved_in_exclusive_mode(tmp_path):
 def test_grant_looks_char_devices_up_now(sysfs, tmp_path):
     devices = [d for d in sysfs.devices() if d.name in ("mlx5_0", "rxe0")]
     dev = tmp_path / "dev"
-    write(dev / "infiniband/rdma_cm", "")  # rdma_ucm loaded
+    (Path(sysfs.root) / "class/misc/rdma_cm").mkdir(parents=True)  # rdma_ucm loaded
     g = grant(devices, sysfs, str(dev), "rdma/hca", "rdma_hca", include_umad=False, use_cdi=False)
     assert [(n.container_path, n.host_path, n.permissions) for n in g.nodes] == [
         ("/dev/infiniband/uverbs0", f"{dev}/infiniband/uverbs0", "rw"),
@@ -144,6 +144,7 @@ def test_grant_looks_char_devices_up_now(sysfs, tmp_path):
     # The kernel re-created rxe0's char device as uverbs5 (after a namespace move); rdma_ucm is not
     # loaded on this node: no rdma_cm node, which the runtime could not find (the container would fail).
     root = Path(sysfs.root)
+    (root / "class/misc/rdma_cm").rmdir()
     (root / "class/infiniband_verbs/uverbs2/ibdev").unlink()
     write(root / "class/infiniband_verbs/uverbs5/ibdev", "rxe0")
     g = grant(devices, sysfs, "/host/dev", "rdma/hca", "rdma_hca", include_umad=True, use_cdi=False)
@@ -161,10 +162,9 @@ def test_grant_looks_char_devices_up_now(sysfs, tmp_path):
 
 def test_cdi_spec_is_written_atomically_and_only_on_change(sysfs, tmp_path):
     dev = tmp_path / "dev"
-    assert cdi.build_spec("rdma_hca", sysfs.devices(), str(dev), False)["containerEdits"]["deviceNodes"] == [], \
+    assert cdi.build_spec("rdma_hca", sysfs.devices(), str(dev), False, False)["containerEdits"]["deviceNodes"] == [], \
         "no rdma_cm node on a node without rdma_ucm (the runtime would fail the container)"
-    write(dev / "infiniband/rdma_cm", "")
-    spec = cdi.build_spec("rdma_hca", sysfs.devices(), str(dev), include_umad=False)
+    spec = cdi.build_spec("rdma_hca", sysfs.devices(), str(dev), include_umad=False, rdma_cm=True)
     assert spec["kind"] == "rdma-netns.io/rdma_hca" and spec["cdiVersion"] == "0.5.0"
     assert [d["name"] for d in spec["devices"]] == ["mlx5_0", "mlx5_1", "rxe0"]
     assert spec["devices"][2]["containerEdits"]["deviceNodes"] == [
