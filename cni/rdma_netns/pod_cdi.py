@@ -65,18 +65,10 @@ def device_nodes(devices: list[str], uverbs: dict[str, list], dev_root: str = ""
     names = [entry[0] for device in dict.fromkeys(devices) for entry in uverbs.get(device) or []]
     if not devices:
         return []
-    if _exists(f"{root}/infiniband/{RDMA_CM}"):
+    if paths.exists(f"{root}/infiniband/{RDMA_CM}"):
         names.append(RDMA_CM)
     return [{"path": f"/dev/infiniband/{n}", "hostPath": f"{root}/infiniband/{n}", "permissions": "rw"}
             for n in names]
-
-
-def _exists(path: str) -> bool:
-    try:
-        posix.stat(path)
-        return True
-    except OSError:
-        return False
 
 
 def nccl_conf_path(info_file: str) -> str:
