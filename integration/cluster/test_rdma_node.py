@@ -7,7 +7,6 @@ the peer's eth0 address for the out-of-band exchange, no ping or other rail traf
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 
@@ -20,22 +19,17 @@ from integration.cluster.host_rdma import RAILS
 from integration.cluster.layout import HOST_NODE
 from integration.cluster.pki import Pki
 
-pytestmark = [
-    pytest.mark.cluster,
-    # Not yet in the test command: under software emulation the device plugin's loop and probes run
-    # 10-50 times slower than on a node, and this suite has not yet passed end to end (docs/testing.md).
-    pytest.mark.skipif(os.environ.get("RDMA_NETNS_CLUSTER_RDMA_NODE") != "1",
-                       reason="the guest RDMA node suite runs with RDMA_NETNS_CLUSTER_RDMA_NODE=1 (not yet passing "
-                              "end to end under emulation: docs/testing.md)"),
-]
+pytestmark = pytest.mark.cluster
 
 GUEST = "rk8s-rdma1"
 NAMESPACE = "training"
 # The Job's pods wait for the test to drive traffic through `kubectl exec`, then exit 0.
 WAIT_SCRIPT = "trap 'exit 0' TERM; while [ ! -e /tmp/done ]; do sleep 1; done"
-# Run in a pod: perftest on rail r with what the pod was given (the GID index NCCL reads).
-PERFTEST = ('idx=$(sed -n "s/^NCCL_IB_GID_INDEX=//p" /etc/nccl.conf); '
-            'exec ib_write_bw -d rxe{rail} -x "$idx" -s 65536 -n 200 -p {port} --report_gbits {peer}')
+# Run in a pod: perftest on rail r with what the pod was given, as NCCL reads it: the rail's
+# device from NCCL_IB_HCA ("=rxe0,rxe1" in rail order) and the GID index.
+PERFTEST = ('hca=$(sed -n "s/^NCCL_IB_HCA==//p" /etc/nccl.conf | cut -d, -f{field} | cut -d: -f1); '
+            'idx=$(sed -n "s/^NCCL_IB_GID_INDEX=//p" /etc/nccl.conf); '
+            'exec ib_write_bw -d "$hca" -x "$idx" -s 65536 -n 200 -p {port} --report_gbits {peer}')
 
 
 def ds_counts(cluster) -> tuple[int, int]:
@@ -59,8 +53,11 @@ def rdma_node(cluster, release_image):
 
 
 def test_daemonset_on_both_rdma_nodes(cluster, rdma_node, release_image):
-    # Under software emulation one Python probe takes longer than the manifest's 5 s.
-    cluster.kubectl("apply", "-f", "-", stdin=manifests.daemonset(release_image.pinned, emulated=True))
+    # Under software emulation one Python probe takes longer than the manifest's 5 s. The rails are
+    # ipvlan, as on RoCE LAG nodes: Soft-RoCE receives nothing that arrives on a macvlan upper, but
+    # ipvlans share the rail's MAC, so rxe hands the peer pod's packets to its own QP (the same
+    # device's, both pods' GIDs are in its table) after the kernel resolved the peer's address.
+    cluster.kubectl("apply", "-f", "-", stdin=manifests.daemonset(release_image.pinned, emulated=True, lag_link=True))
     for node in (HOST_NODE, GUEST):
         cluster.kubectl("label", "node", node, "rdma-netns.io/rdma=true")
     began = time.monotonic()
@@ -93,10 +90,10 @@ def test_the_seed_job_moves_rdma_traffic_over_every_rail(cluster, rdma_node, rel
     server_name, client_name = server["metadata"]["name"], client["metadata"]["name"]
     for rail in range(RAILS):
         port = 18515 + rail
-        listening = subprocess_background(cluster, server_name, PERFTEST.format(rail=rail, port=port, peer=""))
+        listening = subprocess_background(cluster, server_name, PERFTEST.format(field=rail + 1, port=port, peer=""))
         time.sleep(5)  # the server listens on eth0's address before the client connects
         out = cluster.kubectl("exec", "-n", NAMESPACE, client_name, "--", "sh", "-c",
-                              PERFTEST.format(rail=rail, port=port, peer=server["status"]["podIP"]), timeout=300)
+                              PERFTEST.format(field=rail + 1, port=port, peer=server["status"]["podIP"]), timeout=300)
         server_out = listening.communicate(timeout=120)[0]
         assert listening.returncode == 0, server_out
         figures = [line for line in out.stdout.splitlines() if line.strip().startswith("65536")]

@@ -227,6 +227,39 @@ def test_kubelet_restarted_registers_again_and_running_pods_keep_rails(cluster, 
     assert {f"rdma{r}" for r in range(RAILS)} <= set(pod_report(cluster, done["metadata"]["name"], NAMESPACE)["if"])
 
 
+def test_a_config_change_rolls_out_and_pods_started_meanwhile_get_rails(cluster, installed):
+    """docs/install.md, "Change the configuration": edit the ConfigMap, apply, `kubectl rollout
+    restart`; the node's chained entry is the new one once the rollout is done. Granted pods created
+    while the DaemonSet's pod is replaced either run with their rails or are refused by kubelet
+    (never run without them); the Job replaces refused ones and completes."""
+    manifest = manifests.daemonset(installed.pinned, entry_changes={"podResourcesTimeoutMs": 3000})
+    apply(cluster, manifest)
+    before = {p["metadata"]["name"] for p in dp_pods(cluster)}
+    name, pods = "during-rollout", 4
+    job = manifests.training_job(installed.pinned, name, REPORT_SCRIPT, pods=pods)
+    job["spec"]["backoffLimit"] = pods  # a pod kubelet refuses while the plugin is away is replaced
+    began = time.monotonic()
+    cluster.kubectl("rollout", "restart", f"ds/{DS}", "-n", "kube-system")
+    apply(cluster, json.dumps(job), "-n", NAMESPACE)
+    cluster.kubectl("rollout", "status", f"ds/{DS}", "-n", "kube-system", "--timeout=300s", timeout=330)
+    rolled = time.monotonic() - began
+    assert not before & {p["metadata"]["name"] for p in dp_pods(cluster)}, "the DaemonSet's pod was not replaced"
+    (entry,) = [p for p in rails_primary_conflist(cluster)["plugins"] if p["type"] == "rdma-netns"]
+    assert entry["podResourcesTimeoutMs"] == 3000, entry
+    cluster.wait_for("the Job started during the rollout complete", lambda: cluster.get(
+        "job", name, "-n", NAMESPACE)["status"].get("succeeded", 0) == pods, timeout=300)
+    all_pods = cluster.get("pods", "-n", NAMESPACE, "-l", f"job-name={name}")["items"]
+    done = [p for p in all_pods if p["status"]["phase"] == "Succeeded"]
+    refused = [p["status"].get("reason") for p in all_pods if p["status"]["phase"] == "Failed"]
+    assert set(refused) <= {"UnexpectedAdmissionError"}, refused
+    for pod in done:
+        interfaces = set(pod_report(cluster, pod["metadata"]["name"], NAMESPACE).get("if", []))
+        assert {f"rdma{r}" for r in range(RAILS)} <= interfaces, (pod["metadata"]["name"], interfaces)
+    REPORT.append(f"ConfigMap changed and `kubectl rollout restart`: the DaemonSet rolled in {rolled:.1f} s, the "
+                  f"node's entry updated; {pods} granted pods created meanwhile all ran with rails "
+                  f"({len(refused)} refused by kubelet while the plugin was away, replaced by the Job)")
+
+
 def test_uninstall_as_the_docs_say_leaves_the_node_clean(cluster, installed, primary_bytes):
     cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=true", timeout=300)
     cluster.kubectl("delete", "-f", "-", "--wait=true", stdin=manifests.daemonset(installed.pinned), timeout=300)
@@ -240,6 +273,10 @@ def test_uninstall_as_the_docs_say_leaves_the_node_clean(cluster, installed, pri
                             ("/var/lib/kubelet/plugins_registry", "rdma-netns*"), ("/etc/cni/net.d", "*rdma*")):
         left += [str(p) for p in cluster.node_path(folder).glob(pattern)]
     assert not left, left
+
+
+def dp_pods(cluster) -> list[dict]:
+    return cluster.get("pods", "-n", "kube-system", "-l", "app.kubernetes.io/name=rdma-netns-dp")["items"]
 
 
 def dp_registrations(cluster) -> int:
