@@ -25,7 +25,6 @@ from integration.cri.rig import in_subnet
 from integration.deploy.conftest import REPORT
 from integration.deploy.kubelet import RunningPod
 from integration.deploy.rig import DeployNode, bare_root_call, node_address
-from integration.cri.api.runtime.v1 import api_pb2 as cri
 
 pytestmark = pytest.mark.cri
 
@@ -280,16 +279,6 @@ def metric(exposition: str, series: str, missing: float | None = None) -> float:
     raise AssertionError(f"{series} not in the scrape")
 
 
-def test_a_pod_without_rdma_hca_gets_eth0_only(node, images):
-    pod = node.kubelet_driver.run(node.plain_spec(images["a"].name), pod_name("web"), "team-a", ready_timeout=60)
-    try:
-        assert set(node.interfaces(pod)) == {"eth0"}
-        listed = node.kubelet_driver.exec(pod, "app", ["/bin/sh", "-c", "ls /dev/infiniband /etc/rdma-netns 2>&1; true"])
-        assert b"No such file" in listed.stdout
-    finally:
-        node.kubelet_driver.stop(pod, grace=2)
-
-
 def test_sandbox_times_with_and_without_rails(node, images):
     """RunPodSandbox (the CNI ADDs: the cluster CNI's, then rdma-netns) and Stop+Remove (the DELs),
     for pods granted rdma/hca (two rails, GID wait, the published file and CDI spec) and pods not
@@ -304,18 +293,6 @@ def test_sandbox_times_with_and_without_rails(node, images):
     for kind, values in times.items():
         REPORT.append(f"containerd 1.7, RunPodSandbox/Stop+Remove, {kind}: median {statistics.median(values) * 1000:.0f} ms "
                       f"(min {min(values) * 1000:.0f}, max {max(values) * 1000:.0f}, n={len(values)})")
-
-
-def test_a_host_network_pod_with_rdma_hca_gets_its_char_devices(node, images):
-    """The seed's own Job (hostNetwork: true): no CNI call, the device plugin's devices."""
-    pod = node.kubelet_driver.run(node.training_spec(images["a"].name, host_network=True), pod_name("seed"),
-                                  "team-a", ready_timeout=60)
-    try:
-        listed = node.kubelet_driver.exec(pod, "train", ["ls", "/dev/infiniband"])
-        assert {"uverbs0", "uverbs1", "rdma_cm"} <= set(listed.stdout.decode().split())
-        assert pod.sandbox_config.linux.security_context.namespace_options.network == cri.NODE
-    finally:
-        node.kubelet_driver.stop(pod, grace=2)
 
 
 def test_the_watcher_puts_the_entry_back_when_the_cluster_cni_rewrites_its_conflist(node):
