@@ -1,0 +1,57 @@
+{{/* The DaemonSet's name: rdma-netns-dp, or rdma-netns-dp-<pool> for a node pool's release. */}}
+{{- define "rdma-netns.name" -}}
+{{- if .Values.pool -}}rdma-netns-dp-{{ .Values.pool }}{{- else -}}rdma-netns-dp{{- end -}}
+{{- end -}}
+
+{{- define "rdma-netns.uninstallName" -}}
+{{- if .Values.pool -}}rdma-netns-uninstall-{{ .Values.pool }}{{- else -}}rdma-netns-uninstall{{- end -}}
+{{- end -}}
+
+{{- define "rdma-netns.configName" -}}{{ include "rdma-netns.name" . }}-config{{- end -}}
+
+{{/* The image, by digest when one is given. */}}
+{{- define "rdma-netns.image" -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag }}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels that select a release's pods (name, and the pool when there is one). */}}
+{{- define "rdma-netns.selector" -}}
+app.kubernetes.io/name: {{ .name }}
+{{- if .pool }}
+rdma-netns.io/pool: {{ .pool }}
+{{- end }}
+{{- end -}}
+
+{{- define "rdma-netns.nodeSelector" -}}
+{{- $selector := deepCopy .Values.nodeSelector -}}
+{{- if .Values.pool }}{{- $_ := set $selector "rdma-netns.io/pool" .Values.pool -}}{{- end -}}
+{{- toYaml $selector -}}
+{{- end -}}
+
+{{/* The pods' routes over the rails: the given ones, or one route to the fabric prefix. */}}
+{{- define "rdma-netns.routes" -}}
+{{- if .Values.fabric.routes -}}{{ toJson .Values.fabric.routes }}{{- else -}}[{"dst": {{ .Values.fabric.prefix | quote }}}]{{- end -}}
+{{- end -}}
+
+{{/* The rails as a JSON list, one rail a line at the given indent. */}}
+{{- define "rdma-netns.rails" -}}
+{{- $indent := .indent -}}
+{{- $n := len .rails -}}
+{{- range $i, $rail := .rails }}
+{{ $indent }}{{ include "rdma-netns.railJson" $rail }}{{ if lt (add1 $i) $n }},{{ end }}
+{{- end }}
+{{- end -}}
+
+{{/* A rail as JSON, netdev and ifname first (the order of the docs' examples), then its other keys. */}}
+{{- define "rdma-netns.railJson" -}}
+{{- $first := list -}}
+{{- range $k := list "netdev" "ifname" -}}
+{{- if hasKey $ $k }}{{ $first = append $first (printf "%q: %s" $k (toJson (get $ $k))) }}{{ end -}}
+{{- end -}}
+{{- range $k, $v := omit . "netdev" "ifname" }}{{ $first = append $first (printf "%q: %s" $k (toJson $v)) }}{{ end -}}
+{{ printf "{%s}" (join ", " $first) }}
+{{- end -}}

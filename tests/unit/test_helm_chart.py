@@ -1,0 +1,159 @@
+"""The Helm chart (deploy/helm/rdma-netns): the plain manifests are its render, it passes `helm lint
+--strict`, every render is valid Kubernetes, and its values reach the objects they name (a node pool
+of RoCE LAG nodes, a pinned image, another fabric prefix, a config change that rolls the pods).
+
+Helm is built from its Go module (integration/helm/build.sh, cached): without Go the tests skip,
+except in CI."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+from tests.unit.test_manifests import check_config
+
+kubernetes_validate = pytest.importorskip(
+    "kubernetes_validate", reason="pip install kubernetes-validate (a test dependency)")
+
+CHART = REPO / "deploy" / "helm" / "rdma-netns"
+LAG_VALUES = CHART / "examples" / "roce-lag-pool.yaml"
+CHECKSUM = "rdma-netns.io/config-sha256"
+DIGEST = "sha256:" + "ab" * 32
+
+
+@pytest.fixture(scope="module")
+def helm() -> str:
+    if shutil.which("go") is None:
+        if os.environ.get("CI"):
+            pytest.fail("the chart's tests need Go to build Helm (integration/helm/build.sh); CI must provide it")
+        pytest.skip("needs Go (integration/helm/build.sh builds Helm from its module)")
+    proc = subprocess.run([str(REPO / "integration" / "helm" / "build.sh")], capture_output=True, text=True,
+                          timeout=1800)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+def render(helm: str, *args: str) -> list[dict]:
+    proc = subprocess.run([helm, "template", "rel", str(CHART), "--namespace", "kube-system", *args],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+def by_kind(docs: list[dict]) -> dict[str, dict]:
+    kinds = {d["kind"]: d for d in docs}
+    assert len(kinds) == len(docs), [d["kind"] for d in docs]
+    return kinds
+
+
+def entry_of(docs: list[dict]) -> dict:
+    return json.loads(by_kind(docs)["ConfigMap"]["data"]["rdma-netns-chained-entry.json"])
+
+
+def images(docs: list[dict]) -> set[str]:
+    spec = by_kind(docs)["DaemonSet"]["spec"]["template"]["spec"]
+    return {c["image"] for c in [*spec.get("initContainers", []), *spec["containers"]]}
+
+
+def test_the_plain_manifests_are_the_charts_render(helm):
+    proc = subprocess.run([str(REPO / "scripts" / "render-manifests.sh"), "--check"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_the_render_check_can_fail(helm, tmp_path: Path):
+    """The check compares bytes: a chart whose default changed no longer matches conf/k8s."""
+    chart = tmp_path / "rdma-netns"
+    shutil.copytree(CHART, chart)
+    values = chart / "values.yaml"
+    values.write_text(values.read_text().replace("sharedUnits: 1000", "sharedUnits: 999"))
+    proc = subprocess.run([helm, "template", "rdma-netns", str(chart), "--namespace", "kube-system"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "sharedUnits: 999" in proc.stdout
+    assert proc.stdout not in (REPO / "conf" / "k8s" / "rdma-netns-dp-daemonset.yaml").read_text()
+
+
+@pytest.mark.parametrize("extra", [[], ["--set", "pool=lag", "-f", str(LAG_VALUES)], ["--set", "component=uninstall"]],
+                         ids=["defaults", "lag-pool", "uninstall"])
+def test_helm_lint_strict_and_every_render_is_valid_kubernetes(helm, extra):
+    proc = subprocess.run([helm, "lint", "--strict", str(CHART), *extra], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    docs = render(helm, *extra)
+    assert docs
+    for version in ("1.29", kubernetes_validate.latest_version()):
+        for doc in docs:
+            kubernetes_validate.validate(doc, version, strict=True)
+
+
+def test_a_lag_pool_release_has_its_own_objects_nodes_and_rails(helm, tmp_path: Path):
+    docs = render(helm, "--set", "pool=lag", "-f", str(LAG_VALUES))
+    kinds = by_kind(docs)
+    config, ds = kinds["ConfigMap"], kinds["DaemonSet"]
+    assert ds["metadata"]["name"] == "rdma-netns-dp-lag"
+    assert config["metadata"]["name"] == "rdma-netns-dp-lag-config"
+    selector = ds["spec"]["selector"]["matchLabels"]
+    assert selector == {"app.kubernetes.io/name": "rdma-netns-dp", "rdma-netns.io/pool": "lag"}
+    pod = ds["spec"]["template"]
+    assert selector.items() <= pod["metadata"]["labels"].items()
+    assert pod["spec"]["nodeSelector"] == {"kubernetes.io/os": "linux", "rdma-netns.io/rdma": "true",
+                                           "rdma-netns.io/pool": "lag"}
+    # Every reference to the ConfigMap names the pool's.
+    refs = [e["valueFrom"]["configMapKeyRef"]["name"] for c in [*pod["spec"]["initContainers"], *pod["spec"]["containers"]]
+            for e in c.get("env", []) if "valueFrom" in e]
+    refs += [v["configMap"]["name"] for v in pod["spec"]["volumes"] if "configMap" in v]
+    assert refs and set(refs) == {"rdma-netns-dp-lag-config"}
+    entry = entry_of(docs)
+    assert entry == dict(json.loads((REPO / "conf" / "rdma-netns-chained-entry-lag.json").read_text()))
+    out = check_config(tmp_path, json.dumps({"cniVersion": "1.0.0", "name": "k8s-pod-network",
+                                             "plugins": [{"type": "calico"}, entry]}))
+    assert out.returncode == 0, out.stderr
+    conflist = json.loads(config["data"]["rdma-netns.conflist"])
+    assert conflist["name"] == "rdma-4rails" and conflist["plugins"][0]["link"] == "ipvlan"
+    out = check_config(tmp_path, json.dumps(conflist), "standalone.conflist")
+    assert out.returncode == 0, out.stderr
+    # Two pools' objects never collide: the default release's names stay free.
+    default_names = {(d["kind"], d["metadata"]["name"]) for d in render(helm)}
+    assert not default_names & {(d["kind"], d["metadata"]["name"]) for d in docs}
+
+
+def test_a_digest_pins_every_container(helm):
+    assert images(render(helm)) == {"registry.example.com/rdma-netns/rdma-netns:0.2.0"}
+    pinned = render(helm, "--set", f"image.digest={DIGEST}", "--set", "image.repository=localhost/rdma-netns/rdma-netns")
+    assert images(pinned) == {f"localhost/rdma-netns/rdma-netns@{DIGEST}"}
+    uninstall = render(helm, "--set", "component=uninstall", "--set", f"image.digest={DIGEST}")
+    assert images(uninstall) == {f"registry.example.com/rdma-netns/rdma-netns@{DIGEST}"}
+
+
+def test_the_fabric_prefix_reaches_the_ranges_and_routes(helm, tmp_path: Path):
+    entry = entry_of(render(helm, "--set", "fabric.prefix=fd20:aa::/32"))
+    assert entry["rangeFromNodeAddress"] == {"prefixLength": 112, "within": "fd20:aa::/32"}
+    assert entry["ipam"]["routes"] == [{"dst": "fd20:aa::/32"}]
+    routed = entry_of(render(helm, "--set", "fabric.prefix=fd20:aa::/32", "--set-json",
+                             'fabric.routes=[{"dst": "fd20::/16"}, {"dst": "fd30::/16"}]'))
+    assert routed["ipam"]["routes"] == [{"dst": "fd20::/16"}, {"dst": "fd30::/16"}]
+    out = check_config(tmp_path, json.dumps({"cniVersion": "1.0.0", "name": "net", "plugins": [{"type": "calico"}, routed]}))
+    assert out.returncode == 0, out.stderr
+
+
+def test_a_rail_keeps_its_own_keys(helm):
+    rails = [{"rdmaDevice": "mlx5_bond_0", "ifname": "rdma0"}, {"netdev": "bond1", "ifname": "rdma1", "mtu": 4200}]
+    entry = entry_of(render(helm, "--set-json", f"rails={json.dumps(rails)}"))
+    assert entry["rails"] == rails
+
+
+def test_a_config_change_rolls_the_pods_and_an_image_change_alone_does_not_change_the_checksum(helm):
+    def checksum(*args: str) -> str:
+        return by_kind(render(helm, *args))["DaemonSet"]["spec"]["template"]["metadata"]["annotations"][CHECKSUM]
+
+    base = checksum()
+    assert checksum("--set", "rails[0].netdev=eth9") != base
+    assert checksum("--set", "rdmaForNonHostNetworkPods=false") != base
+    assert checksum("--set", "devicePlugin.sharedUnits=500") != base
+    assert checksum("--set", f"image.digest={DIGEST}") == base
