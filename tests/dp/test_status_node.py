@@ -45,9 +45,10 @@ class StatusHost(Host):
         assert out.returncode == 0, out.stderr
         self.daemon, _plugin = self.start_registered("--mode", "shared", "--resource-name", RESOURCE)
 
-    def status(self, *extra: str) -> tuple[int, dict, str]:
-        """(exit code, --json document, text output) of the installed CLI."""
-        args = [installed_executable(), "status", "--sysfs-root", str(self.fake.sys),
+    def status(self, *extra: str, netns: str | None = None) -> tuple[int, dict, str]:
+        """(exit code, --json document, text output) of the installed CLI (in network namespace
+        `netns` if given)."""
+        args = [*(["ip", "netns", "exec", netns] if netns else []), installed_executable(), "status", "--sysfs-root", str(self.fake.sys),
                 "--cni-conf-dir", str(self.conf_dir), "--cni-conf-state-dir", str(self.record),
                 "--cni-bin-dir", str(self.bin_dir), "--state-dir", str(self.base / "state"),
                 "--ipam-dir", str(self.base / "ipam"), "--kubelet-dir", str(self.kubelet_dir),
@@ -125,3 +126,34 @@ def test_full_gid_table(node: StatusHost):
     assert "GID table full" in rail["detail"] and "2048/2048" in rail["detail"]
     assert "one entry per address" in rail["fix"] and "fewer RDMA pods" in rail["fix"]
     assert "fix: the table takes one entry per address" in text
+
+
+
+def test_a_rail_without_an_address_in_the_fabric_prefix_fails_with_the_fix(node: StatusHost):
+    """rangeFromNodeAddress: the node's pod range on a rail comes from its address inside `within`.
+    A fabric on another prefix makes every RDMA pod's ADD fail (109) while everything else is
+    healthy; status says so, with the key to change. The rail is a veth eth0 in a namespace of the
+    test's own, where status runs (its sysfs stays the fake host's)."""
+    netns = f"rnst-range-{node.base.name[-6:]}"
+    subprocess.run(["ip", "netns", "add", netns], check=True)
+    try:
+        for cmd in (["link", "add", "eth0", "type", "veth", "peer", "name", "eth0p"], ["link", "set", "eth0p", "up"], ["link", "set", "eth0", "up"],
+                    ["-6", "address", "add", "fd00:1::5/64", "dev", "eth0", "nodad"]):
+            subprocess.run(["ip", "-n", netns, *cmd], check=True)
+        results = {}
+        for within in ("fd00::/16", "fd20::/16"):
+            node.entry["rangeFromNodeAddress"] = {"prefixLength": 112, "within": within}
+            node.entry["ipam"] = {"type": "host-local", "routes": [{"dst": within}]}
+            node.entry_file.write_text(json.dumps(node.entry))
+            assert cni_conf.insert(node.conf_dir, node.entry, cni_conf.State(node.record)) == "updated"
+            results[within] = node.status(netns=netns)
+        code, doc, text = results["fd00::/16"]
+        found = checks(doc)["Rails/rail 0 rdma0 range"]
+        assert code == 0 and found["state"] == "ok" and "node address fd00:1::5/128 -> pods fd00:1::1-fd00:1::4" in found["detail"], text
+        code, doc, text = results["fd20::/16"]
+        assert (code, failing(doc)) == (1, ["Rails/rail 0 rdma0 range"]), text
+        found = checks(doc)["Rails/rail 0 rdma0 range"]
+        assert "no global IPv6 address within fd20::/16" in found["detail"] and "109" in found["detail"], found
+        assert "rangeFromNodeAddress.within" in found["fix"] and "fabric.prefix" in found["fix"], found
+    finally:
+        subprocess.run(["ip", "netns", "delete", netns], check=False)

@@ -236,3 +236,33 @@ def test_check_config_node_shows_this_node_range_or_why_not(node, tmp_path):
     out = check()
     assert out.returncode == 0 and "on this node (ok)" in out.stdout, out.stdout + out.stderr
     assert "fd00:11::3:2-fd00:11::3:ffff" in out.stdout
+
+
+def test_the_sidecars_readiness_probe_fails_until_the_entry_fits_this_node(node, tmp_path):
+    """`cni-conf show --require-node-fit` (the DaemonSet's cni-conf-watch readiness probe): the
+    entry chained into the primary resolves on this node as ADD would, or the pod is not Ready.
+    A fabric on another prefix than rangeFromNodeAddress.within is the case it exists for."""
+    from rdma_netns.admin import cni_conf
+    from tests.conftest import installed_executable
+
+    conf = rule_conf(node, rangeFromNodeAddress={"prefixLength": 112, "within": "fd00:10::/32"})
+    entry = {k: v for k, v in conf.items() if k not in ("cniVersion", "name")}
+    give_node_address(node, "fd20:10::3:1/64")  # the node's address on another fabric prefix
+    conf_dir, state = tmp_path / "net.d", cni_conf.State(tmp_path / "cni-conf")
+    conf_dir.mkdir()
+    (conf_dir / "10-bridge.conflist").write_text(json.dumps(
+        {"cniVersion": "1.0.0", "name": "pods", "plugins": [{"type": "bridge"}]}))
+    assert cni_conf.insert(conf_dir, entry, state) == "inserted"
+
+    def probe() -> subprocess.CompletedProcess:
+        return subprocess.run(["ip", "netns", "exec", node.name, installed_executable(), "cni-conf", "show",
+                               "--conf-dir", str(conf_dir), "--state-dir", str(tmp_path / "cni-conf"),
+                               "--require-entry", "--require-node-fit"], capture_output=True, text=True)
+
+    out = probe()
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "not ready: on this node every RDMA pod's ADD would fail" in out.stderr
+    assert "error 109: rail rail0 has no global IPv6 address within fd00:10::/32" in out.stderr, out.stderr
+    give_node_address(node, "fd00:10::3:1/64")
+    out = probe()
+    assert out.returncode == 0, out.stdout + out.stderr

@@ -114,3 +114,15 @@ def test_validation_loads_no_pydantic_plugin(tmp_path: Path):
                           env=env)
     assert ours.returncode == 0, ours.stderr
     assert not marker.exists(), "validating a config loaded a third-party pydantic plugin"
+
+
+def test_check_config_takes_one_chained_entry(tmp_path: Path):
+    """As its help says: an entry without cniVersion and name (they come from the conflist it is
+    chained into), like the shipped chained entries."""
+    for f in sorted((REPO / "conf").glob("rdma-netns-chained-entry*.json")):
+        out = run("check-config", str(f))
+        assert out.returncode == 0, (f.name, out.stderr)
+    bad = tmp_path / "entry.json"
+    bad.write_text(json.dumps({"type": "rdma-netns", "ipam": {"type": "host-local"}, "pairing": False, "railz": 1}))
+    out = run("check-config", str(bad))
+    assert out.returncode == 1 and "railz: unknown field" in out.stderr, out.stderr

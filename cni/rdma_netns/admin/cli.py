@@ -53,8 +53,12 @@ def _check_config(args: argparse.Namespace) -> int:
         print(f"{args.file}: cannot read JSON: {exc}", file=sys.stderr)
         return 2
     entries = doc.get("plugins", [doc]) if isinstance(doc, dict) else []
+    # A lone entry (a chained entry takes cniVersion and name from the conflist it is chained into).
+    single = isinstance(doc, dict) and "plugins" not in doc
     ours = [dict(e, cniVersion=doc.get("cniVersion", e.get("cniVersion")), name=doc.get("name", e.get("name")))
             for e in entries if isinstance(e, dict) and e.get("type") == "rdma-netns"]
+    if single:
+        ours = [dict(e, cniVersion=e["cniVersion"] or "1.0.0", name=e["name"] or "chained-entry") for e in ours]
     if not ours:
         print(f"{args.file}: no plugin of type rdma-netns in it", file=sys.stderr)
         return 2
@@ -150,6 +154,16 @@ def _cni_conf(args: argparse.Namespace) -> int:
             cni_conf.log(f"not ready: no {cni_conf.PLUGIN_TYPE} entry in the CNI config the runtime uses "
                          f"({info['runtimeUses'] or 'none yet'} in {conf_dir})")
             return 1
+        if args.require_node_fit:
+            # A readiness probe: the entry resolves on this node as ADD resolves it (rails, RDMA
+            # ports, this node's pod range inside rangeFromNodeAddress.within), else every RDMA
+            # pod's ADD would fail while the node looks healthy.
+            from rdma_netns.admin import node_check
+
+            fits, lines = node_check.chained(str(conf_dir))
+            if not fits:
+                cni_conf.log("not ready: on this node every RDMA pod's ADD would fail:\n" + "\n".join(lines))
+                return 1
         return 0
     except cni_conf.CniConfError as exc:
         cni_conf.log(str(exc))
@@ -218,6 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="show: print JSON")
     p.add_argument("--require-entry", action="store_true",
                    help="show: exit 1 unless the config the runtime uses carries the entry (a readiness probe)")
+    p.add_argument("--require-node-fit", action="store_true",
+                   help="show: exit 1 unless the chained entry resolves on this node as ADD resolves it (rails, "
+                        "RDMA ports, this node's pod range: `check-config --node`; a readiness probe)")
     p.set_defaults(func=_cni_conf)
     return parser
 

@@ -35,3 +35,28 @@ def describe(normalised: dict) -> tuple[bool, list[str]]:
             return ok, lines
     except CniError as exc:
         return False, [f"  error {exc.code}: {exc.msg}" + (f" ({exc.details})" if exc.details else "")]
+
+
+def chained(conf_dir: str) -> tuple[bool, list[str]]:
+    """(ok, lines) for the rdma-netns entry chained into the primary config of conf_dir, as the
+    runtime will run it (with the primary's cniVersion and name); ok when there is no entry."""
+    from pathlib import Path
+
+    from pydantic import ValidationError
+
+    from rdma_netns.admin import cni_conf
+    from rdma_netns.config import model
+
+    primary = cni_conf.find_primary(Path(conf_dir))
+    if primary is None:
+        return True, []
+    doc = cni_conf.parse((Path(conf_dir) / primary).read_bytes(), primary)
+    plugins = doc.get("plugins") if isinstance(doc.get("plugins"), list) else []
+    ours = [p for p in plugins if isinstance(p, dict) and p.get("type") == cni_conf.PLUGIN_TYPE]
+    if not ours:
+        return True, []
+    try:
+        normalised = model.validate(dict(ours[-1], cniVersion=doc.get("cniVersion"), name=doc.get("name")))
+    except ValidationError as exc:
+        return False, [f"  {primary}: {model.describe_errors(exc)}"]
+    return describe(normalised)

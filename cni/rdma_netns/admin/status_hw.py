@@ -10,12 +10,16 @@ pods' interfaces that no attachment record explains (gid_audit.py: a tenant's ow
 from __future__ import annotations
 
 import os
+from _socket import AF_INET6
 
-from rdma_netns import gid_audit, mode_policy
+from rdma_netns import gid_audit, mode_policy, node_range
 from rdma_netns.admin import mode as mode_cmd
 from rdma_netns.admin.status_context import FAIL, OK, WARN, Check, Context
+from rdma_netns.kernel import rtnl
+from rdma_netns.kernel.netlink import NetlinkSocket
 from rdma_netns.kernel.rdma_devices import RdmaDevice
 from rdma_netns.kernel.rdma_sysfs import GidUsage, RdmaPort
+from rdma_netns.spec.errors import CniError
 
 NEARLY_FULL = 0.1  # warn when fewer pods than this share of the table's capacity still fit
 
@@ -167,9 +171,36 @@ def rails(ctx: Context) -> list[Check]:
     out = [Check(g, "source", OK, f"{len(entries)} rail(s) from {source}")]
     if ctx.setting("linkLocal", True) is False:
         out.append(_no_link_local())
+    rule = ctx.setting("rangeFromNodeAddress")
     for i, entry in enumerate(entries):
-        out.append(_rail(ctx, i, entry))
+        check = _rail(ctx, i, entry)
+        out.append(check)
+        if isinstance(rule, dict) and check.data and check.data.get("netdev"):
+            out += _node_range(ctx, i, entry, check.data["netdev"], rule)
     return out
+
+
+def _node_range(ctx: Context, index: int, entry: dict, netdev: str, rule: dict) -> list[Check]:
+    """This node's pod range on the rail (rangeFromNodeAddress), as ADD derives it: a rail whose
+    address is outside the configured prefix makes every RDMA pod's ADD fail (109)."""
+    name = f"rail {index} {entry.get('ifname') or f'rdma{index}'} range"
+    try:
+        with NetlinkSocket() as sock:
+            link = rtnl.get_link(sock, netdev)
+            if link is None:  # not in this network namespace (the netdev check above speaks for it)
+                return []
+            addresses = rtnl.list_addresses(sock, AF_INET6, link.index)
+    except OSError as exc:
+        return [Check("Rails", name, WARN, f"cannot read {netdev}'s addresses: {exc}", "run status as root "
+                      "in the node's network namespace")]
+    try:
+        found = node_range.derive(netdev, addresses, rule)
+    except CniError as exc:
+        where = ctx.config_source
+        return [Check("Rails", name, FAIL, f"{exc.msg}: every RDMA pod's ADD fails with {exc.code}",
+                      f"{exc.details}; or, if the fabric uses another prefix, set rangeFromNodeAddress.within in "
+                      f"{where} (the Helm chart's fabric.prefix) to it", {"netdev": netdev, "within": rule.get("within")})]
+    return [Check("Rails", name, OK, found.describe(), data={"netdev": netdev, "block": str(found.block)})]
 
 
 def _no_link_local() -> Check:
