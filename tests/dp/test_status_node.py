@@ -53,7 +53,7 @@ class StatusHost(Host):
                 "--cni-bin-dir", str(self.bin_dir), "--state-dir", str(self.base / "state"),
                 "--ipam-dir", str(self.base / "ipam"), "--kubelet-dir", str(self.kubelet_dir),
                 "--pod-grants-socket", str(self.grants), "--modprobe-file", str(self.base / "modprobe.conf"),
-                "--entry", str(self.entry_file), *extra]
+                "--containerd-config", str(self.base / "containerd.toml"), "--entry", str(self.entry_file), *extra]
         as_json = subprocess.run([*args, "--json"], capture_output=True, text=True, timeout=60)
         as_text = subprocess.run(args, capture_output=True, text=True, timeout=60)
         assert as_json.returncode == as_text.returncode, as_text.stdout

@@ -22,6 +22,9 @@ NETWORK = "k8s-pod-network"
 HOST_LOCAL = shutil.which("host-local", path="/usr/lib/cni:/opt/cni/bin")
 
 
+CONTAINERD_CDI_ON = 'version = 2\n[plugins."io.containerd.grpc.v1.cri"]\n  enable_cdi = true\n'
+
+
 class Node:
     """A temp node: rxe0 on eth1 (1024-entry table) and mlx5_0 on ens1f0 (255 entries, 2 per
     address), a calico primary with the entry chained by `cni_conf.insert`, the launcher."""
@@ -48,13 +51,16 @@ class Node:
         out = subprocess.run([installed_executable(), "install-launcher", str(self.bin_dir / "rdma-netns")],
                              capture_output=True, text=True)
         assert out.returncode == 0, out.stderr
+        self.containerd_config = root / "containerd.toml"
+        self.containerd_config.write_text(CONTAINERD_CDI_ON)
 
     def args(self, *extra: str) -> list[str]:
         return ["status", "--sysfs-root", str(self.fake.sys), "--cni-conf-dir", str(self.conf_dir),
                 "--cni-conf-state-dir", str(self.record_dir), "--cni-bin-dir", str(self.bin_dir),
                 "--state-dir", str(self.state_dir), "--ipam-dir", str(self.ipam_dir),
                 "--kubelet-dir", str(self.kubelet_dir), "--pod-grants-socket", str(self.root / "pg.sock"),
-                "--modprobe-file", str(self.root / "modprobe.conf"), *extra]
+                "--modprobe-file", str(self.root / "modprobe.conf"),
+                "--containerd-config", str(self.containerd_config), *extra]
 
     def status(self, capsys, *extra: str) -> tuple[int, dict]:
         """In-process, --json: (exit code, document)."""
@@ -137,8 +143,8 @@ def test_text_output_is_grouped_and_says_all_ok(node: Node):
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.splitlines()
     groups = [line for line in lines if line and not line.startswith(" ")]
-    assert groups[1:-1] == ["Kernel", "Devices", "Rails", "Chained entry", "Launcher", "Device plugin", "Pairing",
-                            "Attachments"]
+    assert groups[1:-1] == ["Kernel", "Devices", "Rails", "Chained entry", "Runtime", "Launcher", "Device plugin",
+                            "Pairing", "Attachments"]
     assert lines[-1] == "all ok"
 
 
@@ -399,3 +405,26 @@ def test_status_writes_nothing(node: Node):
     for extra in ((), ("--json",), ("--entry", str(node.entry_file))):
         assert node.run(*extra).returncode == 1
     assert snapshot(node.root) == before
+
+
+def test_containerd_with_cdi_off_fails_with_the_fix(tmp_path: Path, capsys):
+    """containerd 1.7 passes a pod's CDI devices (its NCCL/UCX settings) only with enable_cdi on."""
+    node = Node(tmp_path)
+    code, doc = node.status(capsys)
+    cdi = by_name(doc)["Runtime/CDI"]
+    assert code == 0 and cdi["state"] == "ok" and "enable_cdi on" in cdi["detail"], cdi
+    for text, said in (('version = 2\n[plugins."io.containerd.grpc.v1.cri"]\n  sandbox_image = "p"\n', "not set"),
+                       ('version = 2\n[plugins."io.containerd.grpc.v1.cri"]\n  enable_cdi = false\n', "= false"),
+                       ('[plugins.cri]\n  systemd_cgroup = false\n', "not set")):
+        node.containerd_config.write_text(text)
+        code, doc = node.status(capsys)
+        cdi = by_name(doc)["Runtime/CDI"]
+        assert code == 1 and cdi["state"] == "fail" and f"enable_cdi {said}" in cdi["detail"], cdi
+        assert "enable_cdi = true" in cdi["fix"] and "restart containerd" in cdi["fix"], cdi
+    # containerd 2.x: on unless turned off; no config file: not checked.
+    node.containerd_config.write_text('version = 3\n[plugins."io.containerd.cri.v1.runtime"]\n')
+    code, doc = node.status(capsys)
+    assert code == 0 and by_name(doc)["Runtime/CDI"]["state"] == "ok", doc
+    node.containerd_config.unlink()
+    code, doc = node.status(capsys)
+    assert code == 0 and "not checked" in by_name(doc)["Runtime/CDI"]["detail"], doc

@@ -3,7 +3,7 @@
 Why one command: an RDMA pod needs seven parts to agree (the kernel's mode, the NICs and their GID
 tables, the chained entry, the launcher, the device plugin, kubelet, the grants broker), and each
 has its own place to look. This module runs the checks, which live in
-status_hw (Kernel, Devices, Rails), status_conf (Chained entry, Launcher), status_services
+status_hw (Kernel, Devices, Rails), status_conf (Chained entry, Runtime, Launcher), status_services
 (Device plugin, Pairing) and status_attach (Attachments), on what they share (status_context:
 the findings, the paths, the rdma-netns config found on the node, the attachment states, read
 once); status_render prints them.
@@ -20,6 +20,9 @@ Not used, the rules:
   node does not chain rdma-netns (Multus, the standalone conflist, or the DaemonSet's switch set
   to "false"): ok, "not used". An entry present without a record is ok (written by an older
   install or by hand). A primary whose bytes differ from the recorded ones: warn.
+- Runtime: containerd's CDI setting (its config file): off fails when an rdma-netns config is on
+  the node (pods get rails but not their NCCL/UCX settings), else warns; no config file: not
+  checked (CRI-O and containerd 2.x have CDI on; containerd 1.7 without a file has it off).
 - Launcher: required when any rdma-netns config is on the node (else its absence is a warn).
 - Device plugin: required when the config names a resourceName, when --resource is given, or
   when a socket of ours is in kubelet's device-plugins folder; else "not deployed" is ok.
@@ -44,7 +47,7 @@ def collect(opts: Options) -> list[Check]:
     ctx = Context(opts)
     checks: list[Check] = []
     for part in (status_hw.kernel, status_hw.devices, status_hw.rails, status_conf.chained_entry,
-                 status_conf.launcher, status_services.device_plugin, status_services.pairing,
+                 status_conf.runtime_cdi, status_conf.launcher, status_services.device_plugin, status_services.pairing,
                  status_attach.attachments):
         checks += part(ctx)
     return checks

@@ -20,7 +20,7 @@ from rdma_netns.kernel.rdma_devices import DeviceSysfs, RdmaDevice
 from rdma_netns.state import AttachmentState, all_records, read_state
 
 OK, WARN, FAIL = "ok", "warn", "fail"
-GROUPS = ("Kernel", "Devices", "Rails", "Chained entry", "Launcher", "Device plugin", "Pairing", "Attachments")
+GROUPS = ("Kernel", "Devices", "Rails", "Chained entry", "Runtime", "Launcher", "Device plugin", "Pairing", "Attachments")
 DEFAULT_CNI_STATE_DIR = DEFAULT_STATE_DIR
 DEFAULT_IPAM_DIR = "/var/lib/cni/networks"
 DEFAULT_RESOURCE = "rdma/hca"
@@ -58,6 +58,7 @@ class Options:
     entry: dict | None = None          # --entry's content (what the DaemonSet would write)
     entry_path: str | None = None
     modprobe_file: str = "/etc/modprobe.d/rdma-netns.conf"
+    containerd_config: str = "/etc/containerd/config.toml"
     timeout: float = 1.5               # each socket call
 
 

@@ -38,6 +38,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     where.add_argument("--pod-grants-socket", help="the grants broker (default: the config's podGrantsSocket, "
                        "else /run/rdma-netns/pod-grants.sock)")
     where.add_argument("--modprobe-file", default="/etc/modprobe.d/rdma-netns.conf")
+    where.add_argument("--containerd-config", default="/etc/containerd/config.toml",
+                       help="containerd's config, for its CDI setting (default %(default)s)")
     p.set_defaults(func=run)
 
 
@@ -56,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
                    cni_conf_state_dir=args.cni_conf_state_dir, cni_bin_dir=args.cni_bin_dir,
                    state_dir=args.state_dir, ipam_dir=args.ipam_dir, kubelet_dir=args.kubelet_dir,
                    pod_grants_socket=args.pod_grants_socket, resources=args.resource, entry=entry,
-                   entry_path=args.entry, modprobe_file=args.modprobe_file)
+                   entry_path=args.entry, modprobe_file=args.modprobe_file,
+                   containerd_config=args.containerd_config)
     checks = status.collect(opts)
     code = status.exit_code(checks)
     if args.json:
