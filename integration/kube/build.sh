@@ -26,7 +26,7 @@ if [ -e "$OUT/bin/.complete" ]; then
 fi
 mkdir -p "$CACHE_ROOT"
 if [ "${1:-}" = --background ]; then
-    nohup nice -n 10 "$0" > "$CACHE_ROOT/build-$RELEASE.log" 2>&1 < /dev/null &
+    nohup nice -n 10 "$HERE/build.sh" > "$CACHE_ROOT/build-$RELEASE.log" 2>&1 < /dev/null &
     echo "kube/build.sh: building Kubernetes $RELEASE in the background (log: $CACHE_ROOT/build-$RELEASE.log)" >&2
     exit 0
 fi
