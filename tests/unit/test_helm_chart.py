@@ -118,9 +118,13 @@ def test_a_lag_pool_release_has_its_own_objects_nodes_and_rails(helm, tmp_path: 
     assert conflist["name"] == "rdma-4rails" and conflist["plugins"][0]["link"] == "ipvlan"
     out = check_config(tmp_path, json.dumps(conflist), "standalone.conflist")
     assert out.returncode == 0, out.stderr
-    # Two pools' objects never collide: the default release's names stay free.
-    default_names = {(d["kind"], d["metadata"]["name"]) for d in render(helm)}
-    assert not default_names & {(d["kind"], d["metadata"]["name"]) for d in docs}
+    # Two pools' objects never collide, and the release without a pool stays off the pool's nodes.
+    default = render(helm)
+    assert not {(d["kind"], d["metadata"]["name"]) for d in default} & {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert "affinity" not in pod["spec"]
+    terms = by_kind(default)["DaemonSet"]["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms == [{"matchExpressions": [{"key": "rdma-netns.io/pool", "operator": "DoesNotExist"}]}]
 
 
 def test_a_digest_pins_every_container(helm):

@@ -55,3 +55,16 @@ rdma-netns.io/pool: {{ .pool }}
 {{- range $k, $v := omit . "netdev" "ifname" }}{{ $first = append $first (printf "%q: %s" $k (toJson $v)) }}{{ end -}}
 {{ printf "{%s}" (join ", " $first) }}
 {{- end -}}
+
+{{/* The release without a pool stays off nodes of a named pool (they run their pool's release). */}}
+{{- define "rdma-netns.affinity" -}}
+{{- if not .Values.pool }}
+      affinity:
+        # A node labelled rdma-netns.io/pool=<name> runs that pool's release (values: pool), not this one.
+        nodeAffinity:
+          requiredDuringSchedulingIgnoredDuringExecution:
+            nodeSelectorTerms:
+              - matchExpressions:
+                  - {key: rdma-netns.io/pool, operator: DoesNotExist}
+{{- end }}
+{{- end -}}
