@@ -49,6 +49,20 @@ class Cluster:
             raise RuntimeError(f"kubectl {' '.join(args)} -> exit {proc.returncode}: {proc.stderr.strip()}")
         return proc
 
+    def helm(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        """Helm (integration/helm/build.sh) against the cluster; its own folders under the cluster's."""
+        helm = subprocess.run([str(REPO / "integration" / "helm" / "build.sh")], stdout=subprocess.PIPE, text=True,
+                              timeout=1800, check=True).stdout.strip()
+        home = self.layout.root / "helm"
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(home), "HELM_CACHE_HOME": str(home / "cache"),
+               "HELM_CONFIG_HOME": str(home / "config"), "HELM_DATA_HOME": str(home / "data")}
+        argv = ["nsenter", f"--net={self.layout.netns_path}", "--", helm, "--kubeconfig",
+                str(self.layout.admin_kubeconfig), *args]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+        if proc.returncode != 0:
+            raise RuntimeError(f"helm {' '.join(args)} -> exit {proc.returncode}: {proc.stderr.strip()}")
+        return proc
+
     def get(self, *args: str) -> dict:
         return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
 

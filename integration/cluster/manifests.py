@@ -23,35 +23,20 @@ def _rails(entry: dict) -> None:
     entry["rails"] = [{"netdev": rail_netdev(r), "ifname": f"rdma{r}"} for r in range(RAILS)]
 
 
-def daemonset(image: str, emulated: bool = False, lag_link: bool = False,
-              entry_changes: dict | None = None) -> str:
+def daemonset(image: str, entry_changes: dict | None = None) -> str:
     """conf/k8s/rdma-netns-dp-daemonset.yaml with the image and the rails of this cluster's nodes.
-    lag_link: the rails' link settings of conf/rdma-netns-chained-entry-lag.json (ipvlan l2, as
-    RoCE LAG nodes use) instead of the DaemonSet's macvlan. entry_changes: keys of the chained
-    entry an admin edits (a configuration change).
-    emulated: for a node under software emulation (the guest node; docs/testing.md), where one
-    Python probe takes longer than the manifest's 5 s and the daemon's 1 s loop can take longer
-    than the probes' 10 s: every probe's timeoutSeconds 90, the health file's --max-age 120."""
+    entry_changes: keys of the chained entry an admin edits (a configuration change)."""
     docs = documents("rdma-netns-dp-daemonset.yaml")
     for doc in docs:
         if doc["kind"] == "ConfigMap":
             entry = json.loads(doc["data"]["rdma-netns-chained-entry.json"])
             _rails(entry)
-            if lag_link:
-                lag = json.loads((REPO / "conf" / "rdma-netns-chained-entry-lag.json").read_text())
-                entry.update(link=lag["link"], linkMode=lag["linkMode"])
             entry.update(entry_changes or {})
             doc["data"]["rdma-netns-chained-entry.json"] = json.dumps(entry, indent=2) + "\n"
         if doc["kind"] == "DaemonSet":
             spec = doc["spec"]["template"]["spec"]
             for container in [*spec.get("initContainers", []), *spec["containers"]]:
                 container["image"] = image
-                for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
-                    if emulated and probe in container:
-                        container[probe]["timeoutSeconds"] = 90
-                        command = container[probe].get("exec", {}).get("command", [])
-                        if "--max-age" in command:
-                            command[command.index("--max-age") + 1] = "120"
     return yaml.safe_dump_all(docs)
 
 

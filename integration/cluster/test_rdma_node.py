@@ -1,8 +1,13 @@
-"""The seed's procedure with real RDMA: a real-kernel guest (Soft-RoCE on two rails) joins the
-cluster as a kubelet node beside the host node; the DaemonSet runs on both labelled nodes
-(DESIRED 2); the seed's Job, two pods on the guest, moves RDMA traffic between its pods over every
-rail, using only what was published to them (the GID index from /etc/nccl.conf, the device names,
-the peer's eth0 address for the out-of-band exchange, no ping or other rail traffic first)."""
+"""The seed's procedure with real RDMA, installed with the Helm chart: a real-kernel guest (Soft-RoCE
+on two rails) joins the cluster as a kubelet node beside the host node. Each is its own node pool,
+as a cluster with RoCE LAG nodes has them: the host node runs the release without a pool (macvlan
+rails), the guest the `lag` pool's release (deploy/helm/rdma-netns/examples/roce-lag-pool.yaml:
+ipvlan rails, as on LAG bonds; its rails named as this cluster's). The seed's Job, two pods on the
+guest, moves RDMA traffic between its pods over every rail using only what was published to them
+(the device and GID index from /etc/nccl.conf, the peer's eth0 address for the out-of-band
+exchange, no ping or other rail traffic first); `helm upgrade` with a changed rail rolls the
+guest's pod while the Job's pods keep their rails, `helm rollback` puts it back, and `helm
+uninstall` with the chart's clean-up release leaves both nodes clean."""
 
 from __future__ import annotations
 
@@ -12,17 +17,24 @@ import time
 
 import pytest
 
-from integration.cluster import manifests, tools_image
+from integration.cluster import tools_image
 from integration.cluster.conftest import REPORT
 from integration.cluster.guest_node import GuestNode
-from integration.cluster.host_rdma import RAILS
-from integration.cluster.layout import HOST_NODE
+from integration.cluster.host_rdma import RAILS, rail_netdev
+from integration.cluster.layout import HOST_NODE, REPO
+from integration.cluster.manifests import training_job
 from integration.cluster.pki import Pki
 
 pytestmark = pytest.mark.cluster
 
 GUEST = "rk8s-rdma1"
 NAMESPACE = "training"
+CHART = REPO / "deploy" / "helm" / "rdma-netns"
+LAG_VALUES = CHART / "examples" / "roce-lag-pool.yaml"
+PRIMARY = "/etc/cni/net.d/10-local-pods.conflist"
+# Where the DaemonSet's files land on a node (the uninstall must leave none of them).
+NODE_FILES = ("/opt/rdma-netns-ds", "/var/lib/cni/rdma-netns", "/var/lib/rdma-netns/cni-conf", "/run/rdma-netns",
+              "/opt/cni/bin/rdma-netns")
 # The Job's pods wait for the test to drive traffic through `kubectl exec`, then exit 0.
 WAIT_SCRIPT = "trap 'exit 0' TERM; while [ ! -e /tmp/done ]; do sleep 1; done"
 # Run in a pod: perftest on rail r with what the pod was given, as NCCL reads it: the rail's
@@ -30,11 +42,47 @@ WAIT_SCRIPT = "trap 'exit 0' TERM; while [ ! -e /tmp/done ]; do sleep 1; done"
 PERFTEST = ('hca=$(sed -n "s/^NCCL_IB_HCA==//p" /etc/nccl.conf | cut -d, -f{field} | cut -d: -f1); '
             'idx=$(sed -n "s/^NCCL_IB_GID_INDEX=//p" /etc/nccl.conf); '
             'exec ib_write_bw -d "$hca" -x "$idx" -s 65536 -n 200 -p {port} --report_gbits {peer}')
+RAIL_LIST = [{"netdev": rail_netdev(r), "ifname": f"rdma{r}"} for r in range(RAILS)]
 
 
-def ds_counts(cluster) -> tuple[int, int]:
-    status = cluster.get("ds", "rdma-netns-dp", "-n", "kube-system")["status"]
-    return status.get("desiredNumberScheduled", 0), status.get("numberReady", 0)
+def image_values(image) -> list[str]:
+    repository, digest = image.pinned.split("@")
+    return ["--set", f"image.repository={repository}", "--set", f"image.digest={digest}"]
+
+
+def lag_values(image, rails: list[dict]) -> list[str]:
+    """The LAG pool's values file, this cluster's rail names, and probe timeouts for a node under
+    software emulation (one Python probe takes longer than 5 s there, the daemon's 1 s loop longer
+    than 10 s: docs/testing.md)."""
+    return ["--set", "pool=lag", "-f", str(LAG_VALUES), "--set-json", f"rails={json.dumps(rails)}",
+            "--set", "devicePlugin.probeTimeoutSeconds=90", "--set", "devicePlugin.healthMaxAgeSeconds=120",
+            *image_values(image)]
+
+
+def ds_counts(cluster, name: str) -> tuple[int, int, int]:
+    status = cluster.get("ds", name, "-n", "kube-system")["status"]
+    return (status.get("desiredNumberScheduled", 0), status.get("numberReady", 0),
+            status.get("updatedNumberScheduled", 0))
+
+
+def ds_pod(cluster, pool: str) -> dict:
+    (pod,) = [p for p in cluster.get("pods", "-n", "kube-system", "-l", f"rdma-netns.io/pool={pool}")["items"]
+              if p["metadata"]["labels"].get("app.kubernetes.io/name") == "rdma-netns-dp"]
+    return pod
+
+
+def guest_entry(cluster) -> dict:
+    """The chained entry in the guest's primary conflist, read by the lag pool's watcher container."""
+    text = cluster.kubectl("exec", "-n", "kube-system", ds_pod(cluster, "lag")["metadata"]["name"], "-c",
+                           "cni-conf-watch", "--", "cat", f"/host{PRIMARY}").stdout
+    (entry,) = [p for p in json.loads(text)["plugins"] if p["type"] == "rdma-netns"]
+    return entry
+
+
+def rolled(cluster, name: str, before: str) -> bool:
+    """The DaemonSet's one pod replaced (a new name) and Ready."""
+    pods = cluster.get("pods", "-n", "kube-system", "-l", "app.kubernetes.io/name=rdma-netns-dp")["items"]
+    return ds_counts(cluster, name)[:2] == (1, 1) and before not in {p["metadata"]["name"] for p in pods}
 
 
 @pytest.fixture(scope="module")
@@ -52,29 +100,39 @@ def rdma_node(cluster, release_image):
         node.stop()
 
 
-def test_daemonset_on_both_rdma_nodes(cluster, rdma_node, release_image):
-    # Under software emulation one Python probe takes longer than the manifest's 5 s. The rails are
-    # ipvlan, as on RoCE LAG nodes: Soft-RoCE receives nothing that arrives on a macvlan upper, but
-    # ipvlans share the rail's MAC, so rxe hands the peer pod's packets to its own QP (the same
-    # device's, both pods' GIDs are in its table) after the kernel resolved the peer's address.
-    cluster.kubectl("apply", "-f", "-", stdin=manifests.daemonset(release_image.pinned, emulated=True, lag_link=True))
-    for node in (HOST_NODE, GUEST):
-        cluster.kubectl("label", "node", node, "rdma-netns.io/rdma=true")
+@pytest.fixture(scope="module")
+def primaries(cluster, rdma_node) -> dict[str, str]:
+    """Each node's primary conflist before rdma-netns (the uninstall must give it back byte for byte)."""
+    node, _tools = rdma_node
+    return {HOST_NODE: cluster.node_path(PRIMARY).read_text(), GUEST: node.agent.run("cat", PRIMARY).stdout}
+
+
+def test_helm_installs_a_release_per_node_pool(cluster, rdma_node, release_image, primaries):
+    cluster.helm("install", "rdma-netns", str(CHART), "-n", "kube-system", "--set-json",
+                 f"rails={json.dumps(RAIL_LIST)}", *image_values(release_image))
+    cluster.helm("install", "rdma-netns-lag", str(CHART), "-n", "kube-system", *lag_values(release_image, RAIL_LIST))
+    cluster.kubectl("label", "node", HOST_NODE, "rdma-netns.io/rdma=true")
+    cluster.kubectl("label", "node", GUEST, "rdma-netns.io/rdma=true", "rdma-netns.io/pool=lag")
     began = time.monotonic()
-    cluster.wait_for("DaemonSet Ready on both nodes", lambda: ds_counts(cluster) == (2, 2), timeout=600)
-    REPORT.append(f"DaemonSet 2/2 Ready {time.monotonic() - began:.0f} s after labelling:\n"
-                  + cluster.kubectl("get", "ds", "-n", "kube-system").stdout.rstrip())
+    cluster.wait_for("each pool's DaemonSet Ready on its node", lambda: ds_counts(cluster, "rdma-netns-dp")[:2] == (1, 1)
+                     and ds_counts(cluster, "rdma-netns-dp-lag")[:2] == (1, 1), timeout=600)
+    REPORT.append(f"helm install, a release per pool: both DaemonSets Ready {time.monotonic() - began:.0f} s after "
+                  "labelling:\n" + cluster.kubectl("get", "ds", "-n", "kube-system").stdout.rstrip())
+    assert ds_pod(cluster, "lag")["spec"]["nodeName"] == GUEST
     # Units follow the free GID entries: a real Soft-RoCE table (1024 entries) gives fewer than the
     # 1000 of the fake 2048-entry tables; the Job needs two.
     cluster.wait_for("rdma/hca on the guest", lambda: int(cluster.get("node", GUEST)["status"]["allocatable"]
                      .get("rdma/hca", "0").replace("k", "000")) >= 2, timeout=300)
     REPORT.append(f"rdma/hca allocatable on {GUEST}: {cluster.get('node', GUEST)['status']['allocatable']['rdma/hca']}")
+    entry = guest_entry(cluster)
+    assert (entry["link"], entry["linkMode"], entry["rails"]) == ("ipvlan", "l2", RAIL_LIST), entry
 
 
-def test_the_seed_job_moves_rdma_traffic_over_every_rail(cluster, rdma_node, release_image):
+def test_the_seed_job_moves_rdma_traffic_and_keeps_its_rails_through_upgrade_and_rollback(cluster, rdma_node,
+                                                                                         release_image):
     _node, tools = rdma_node
     cluster.kubectl("create", "namespace", NAMESPACE)
-    job = manifests.training_job(tools.name, "wdl-train", WAIT_SCRIPT, pods=2)
+    job = training_job(tools.name, "wdl-train", WAIT_SCRIPT, pods=2)
     # The host node's RDMA devices are fake: this Job runs where the real ones are.
     job["spec"]["template"]["spec"]["nodeSelector"]["kubernetes.io/hostname"] = GUEST
     began = time.monotonic()
@@ -99,10 +157,55 @@ def test_the_seed_job_moves_rdma_traffic_over_every_rail(cluster, rdma_node, rel
         figures = [line for line in out.stdout.splitlines() if line.strip().startswith("65536")]
         assert figures, out.stdout + out.stderr
         REPORT.append(f"rail {rail}: ib_write_bw {client_name} -> {server_name}: {figures[0].split()}")
+
+    # helm upgrade with a changed rail rolls the pool's pod; the Job's pods keep their rails.
+    def rails_of(pod: str) -> str:
+        return cluster.kubectl("exec", "-n", NAMESPACE, pod, "--", "cat", "/proc/net/if_inet6").stdout
+
+    kept = {pod: sorted(rails_of(pod).splitlines()) for pod in (server_name, client_name)}
+    changed = [dict(RAIL_LIST[0]), dict(RAIL_LIST[1], ifname="rdma5")]
+    for action, args, rails in (("upgrade", ["upgrade", "rdma-netns-lag", str(CHART), *lag_values(release_image, changed)],
+                                 changed),
+                                ("rollback", ["rollback", "rdma-netns-lag", "1"], RAIL_LIST)):
+        before = ds_pod(cluster, "lag")["metadata"]["name"]
+        began = time.monotonic()
+        cluster.helm(*args, "-n", "kube-system")
+        cluster.wait_for(f"helm {action}: the pool's pod replaced and Ready", lambda: rolled(cluster, "rdma-netns-dp-lag",
+                                                                                            before), timeout=600)
+        assert guest_entry(cluster)["rails"] == rails
+        for pod, addresses in kept.items():
+            assert sorted(rails_of(pod).splitlines()) == addresses, f"{pod} lost a rail in helm {action}"
+        REPORT.append(f"helm {action}: the lag pool's pod rolled in {time.monotonic() - began:.0f} s, the guest's "
+                      f"entry names {[r['ifname'] for r in rails]}, the Job's pods kept both rails")
+    history = cluster.helm("history", "rdma-netns-lag", "-n", "kube-system", "-o", "json").stdout
+    assert [h["revision"] for h in json.loads(history)] == [1, 2, 3]
     for pod in (server_name, client_name):
         cluster.kubectl("exec", "-n", NAMESPACE, pod, "--", "touch", "/tmp/done")
     cluster.wait_for("the Job complete", lambda: cluster.get("job", "wdl-train", "-n", NAMESPACE)["status"]
                      .get("succeeded", 0) == 2, timeout=300)
+
+
+def test_helm_uninstall_and_the_clean_up_release_leave_every_node_clean(cluster, rdma_node, release_image,
+                                                                       primaries):
+    node, _tools = rdma_node
+    cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=true", timeout=300)
+    for release in ("rdma-netns-lag", "rdma-netns"):
+        cluster.helm("uninstall", release, "-n", "kube-system", "--wait", timeout=600)
+    cluster.helm("install", "rdma-netns-clean", str(CHART), "-n", "kube-system", "--set", "component=uninstall",
+                 *image_values(release_image))
+    cluster.helm("install", "rdma-netns-clean-lag", str(CHART), "-n", "kube-system", "--set", "component=uninstall",
+                 *lag_values(release_image, RAIL_LIST))
+    began = time.monotonic()
+    cluster.wait_for("both clean-up DaemonSets Ready", lambda: ds_counts(cluster, "rdma-netns-uninstall")[:2] == (1, 1)
+                     and ds_counts(cluster, "rdma-netns-uninstall-lag")[:2] == (1, 1), timeout=600)
+    REPORT.append(f"helm uninstall, then the clean-up releases Ready {time.monotonic() - began:.0f} s later")
+    for release in ("rdma-netns-clean", "rdma-netns-clean-lag"):
+        cluster.helm("uninstall", release, "-n", "kube-system", "--wait", timeout=600)
+    assert cluster.node_path(PRIMARY).read_text() == primaries[HOST_NODE]
+    assert node.agent.run("cat", PRIMARY).stdout == primaries[GUEST]
+    left = [p for p in NODE_FILES if cluster.node_path(p).exists()]
+    left += [f"{GUEST}:{p}" for p in NODE_FILES if node.agent.run("test", "-e", p, check=False).rc == 0]
+    assert not left, left
 
 
 def subprocess_background(cluster, pod: str, script: str) -> subprocess.Popen:
