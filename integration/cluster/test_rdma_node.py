@@ -149,7 +149,9 @@ def test_the_seed_job_moves_rdma_traffic_and_keeps_its_rails_through_upgrade_and
     for rail in range(RAILS):
         port = 18515 + rail
         listening = subprocess_background(cluster, server_name, PERFTEST.format(field=rail + 1, port=port, peer=""))
-        time.sleep(5)  # the server listens on eth0's address before the client connects
+        # The client connects once the server listens (a loaded node takes seconds to start it).
+        cluster.wait_for(f"ib_write_bw listening on port {port}", lambda: tcp_listening(cluster, server_name, port),
+                         timeout=120)
         out = cluster.kubectl("exec", "-n", NAMESPACE, client_name, "--", "sh", "-c",
                               PERFTEST.format(field=rail + 1, port=port, peer=server["status"]["podIP"]), timeout=300)
         server_out = listening.communicate(timeout=120)[0]
@@ -206,6 +208,14 @@ def test_helm_uninstall_and_the_clean_up_release_leave_every_node_clean(cluster,
     left = [p for p in NODE_FILES if cluster.node_path(p).exists()]
     left += [f"{GUEST}:{p}" for p in NODE_FILES if node.agent.run("test", "-e", p, check=False).rc == 0]
     assert not left, left
+
+
+def tcp_listening(cluster, pod: str, port: int) -> bool:
+    """A socket of the pod listens on `port` (its /proc/net/tcp or tcp6: state 0A)."""
+    table = cluster.kubectl("exec", "-n", NAMESPACE, pod, "--", "cat", "/proc/net/tcp", "/proc/net/tcp6",
+                            check=False).stdout
+    return any(f[1].endswith(f":{port:04X}") and f[3] == "0A" for f in (line.split() for line in table.splitlines())
+               if len(f) > 3)
 
 
 def subprocess_background(cluster, pod: str, script: str) -> subprocess.Popen:

@@ -155,9 +155,9 @@ def _cni_conf(args: argparse.Namespace) -> int:
                          f"({info['runtimeUses'] or 'none yet'} in {conf_dir})")
             return 1
         if args.require_node_fit:
-            # A readiness probe: the entry resolves on this node as ADD resolves it (rails, RDMA
-            # ports, this node's pod range inside rangeFromNodeAddress.within), else every RDMA
-            # pod's ADD would fail while the node looks healthy.
+            # A readiness probe: this node's pod range on each rail, as ADD derives it (an address
+            # inside rangeFromNodeAddress.within), else every RDMA pod's ADD would fail while the
+            # node looks healthy.
             from rdma_netns.admin import node_check
 
             fits, lines = node_check.chained(str(conf_dir))
@@ -233,8 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--require-entry", action="store_true",
                    help="show: exit 1 unless the config the runtime uses carries the entry (a readiness probe)")
     p.add_argument("--require-node-fit", action="store_true",
-                   help="show: exit 1 unless the chained entry resolves on this node as ADD resolves it (rails, "
-                        "RDMA ports, this node's pod range: `check-config --node`; a readiness probe)")
+                   help="show: exit 1 unless ADD can derive this node's pod range on each rail of the chained "
+                        "entry (rangeFromNodeAddress; `check-config --node` resolves the whole entry; a readiness "
+                        "probe)")
     p.set_defaults(func=_cni_conf)
     return parser
 

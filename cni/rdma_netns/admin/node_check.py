@@ -37,15 +37,20 @@ def describe(normalised: dict) -> tuple[bool, list[str]]:
         return False, [f"  error {exc.code}: {exc.msg}" + (f" ({exc.details})" if exc.details else "")]
 
 
+
 def chained(conf_dir: str) -> tuple[bool, list[str]]:
-    """(ok, lines) for the rdma-netns entry chained into the primary config of conf_dir, as the
-    runtime will run it (with the primary's cniVersion and name); ok when there is no entry."""
+    """(ok, lines): this node's pod range on each rail of the entry chained into conf_dir's primary
+    (rangeFromNodeAddress), as ADD derives it; ok when there is no entry or no rule.
+
+    Cheap on purpose (a readiness probe, every 10 s, also on slow nodes): no config validation
+    (the entry was validated when it was inserted), no RDMA sysfs walk, one address dump. A rail
+    named by its RDMA device or PCI address is left to `check-config --node`; a bond member's rail
+    is its bond (rdma_sysfs' rule), whose addresses count."""
+    from _socket import AF_INET6
     from pathlib import Path
 
-    from pydantic import ValidationError
-
     from rdma_netns.admin import cni_conf
-    from rdma_netns.config import model
+    from rdma_netns.kernel import rtnl
 
     primary = cni_conf.find_primary(Path(conf_dir))
     if primary is None:
@@ -53,10 +58,28 @@ def chained(conf_dir: str) -> tuple[bool, list[str]]:
     doc = cni_conf.parse((Path(conf_dir) / primary).read_bytes(), primary)
     plugins = doc.get("plugins") if isinstance(doc.get("plugins"), list) else []
     ours = [p for p in plugins if isinstance(p, dict) and p.get("type") == cni_conf.PLUGIN_TYPE]
-    if not ours:
+    rule = ours[-1].get("rangeFromNodeAddress") if ours else None
+    if not isinstance(rule, dict):
         return True, []
-    try:
-        normalised = model.validate(dict(ours[-1], cniVersion=doc.get("cniVersion"), name=doc.get("name")))
-    except ValidationError as exc:
-        return False, [f"  {primary}: {model.describe_errors(exc)}"]
-    return describe(normalised)
+    ok, lines = True, []
+    with NetlinkSocket() as sock:
+        addresses = rtnl.list_addresses(sock, AF_INET6)
+        for index, rail in enumerate(ours[-1].get("rails") or []):
+            netdev = rail.get("netdev") if isinstance(rail, dict) else None
+            if not isinstance(netdev, str):
+                continue
+            master = Path("/sys/class/net", netdev, "master")
+            netdev = master.resolve().name if master.exists() else netdev
+            link = rtnl.get_link(sock, netdev)
+            if link is None:
+                ok = False
+                lines.append(f"  rail {index}: no netdev {netdev} on this node")
+                continue
+            try:
+                found = node_range.derive(netdev, [a for a in addresses if a.index == link.index], rule)
+            except CniError as exc:
+                ok = False
+                lines.append(f"  rail {index}: error {exc.code}: {exc.msg}" + (f" ({exc.details})" if exc.details else ""))
+                continue
+            lines.append(f"  rail {index}: pod range {found.describe()}")
+    return ok, lines
