@@ -4,6 +4,10 @@
 #
 # Built once per (go.sum, Go version) into $RDMA_NETNS_HELM_CACHE (default
 # /var/cache/rdma-netns-helm), outside the checkout; a second run only prints the binary's path.
+#
+#   build.sh               build (or find) and print the binary; waits for a build under way
+#   build.sh --background  start the build niced in the background and return at once (the test
+#                          command does this; the chart's tests wait for it)
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cd "$HERE"
@@ -12,6 +16,12 @@ VERSION=$(awk '$1 == "require" && $2 == "helm.sh/helm/v4" {print $3; exit}' go.m
 [ -n "$VERSION" ] || { echo "helm/build.sh: no helm.sh/helm/v4 in go.mod" >&2; exit 1; }
 KEY=$( (cat go.mod go.sum; go version 2>/dev/null) | sha256sum | cut -c1-12)
 OUT=$CACHE_ROOT/$VERSION-$KEY
+if [ ! -x "$OUT/helm" ] && [ "${1:-}" = --background ]; then
+    mkdir -p "$CACHE_ROOT"
+    nohup nice -n 10 "$HERE/build.sh" > "$CACHE_ROOT/build-$VERSION.log" 2>&1 < /dev/null &
+    echo "helm/build.sh: building Helm $VERSION in the background (log: $CACHE_ROOT/build-$VERSION.log)" >&2
+    exit 0
+fi
 if [ ! -x "$OUT/helm" ]; then
     command -v go >/dev/null || { echo "helm/build.sh: needs Go" >&2; exit 1; }
     mkdir -p "$CACHE_ROOT"
@@ -33,4 +43,4 @@ if [ ! -x "$OUT/helm" ]; then
         echo "helm/build.sh: Helm $VERSION built in $(( $(date +%s) - t0 )) s into $OUT" >&2
     fi
 fi
-echo "$OUT/helm"
+[ "${1:-}" = --background ] || echo "$OUT/helm"
