@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -87,6 +89,7 @@ class Cluster:
             raise RuntimeError(f"a cluster runs already in {layout.root} (scripts/cluster.sh status)")
         if layout.root.exists():
             self.down()
+        reclaim_abandoned(layout)
         layout.root.mkdir(mode=0o700, parents=True)
         bin_dir = build_binaries()
         layout.bin_file.write_text(f"{bin_dir}\n")
@@ -191,6 +194,25 @@ class Cluster:
             return "\n".join((self.layout.logs / f"{name}.log").read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
+
+
+def reclaim_abandoned(layout: Layout) -> None:
+    """The network namespace's name is fixed (one cluster at a time). A cluster whose run was
+    killed (a CI job stopped, a session that ended mid-suite) keeps it with nothing running inside:
+    take that cluster down so a new one can start. One with a live process is refused."""
+    if not layout.netns_path.exists():
+        return
+    live = namespaces.processes_in_netns(layout.netns_path)
+    if live:
+        raise RuntimeError(f"network namespace {layout.netns_path.name} exists already with processes {live} "
+                           "(scripts/cluster.sh down first)")
+    owner = namespaces.owner_of_netns(layout.netns_path,
+                                      [Layout.default().root, *Path(tempfile.gettempdir()).glob("rk8s-*")])
+    print(f"cluster: taking down an abandoned cluster ({owner or 'its folder is gone'}): "
+          f"nothing ran in network namespace {layout.netns_path.name}", file=sys.stderr)
+    if owner is not None and owner != layout.root:
+        Cluster(Layout(owner)).down()
+    namespaces.run("ip", "netns", "delete", layout.netns_path.name, check=False)
 
 
 def leftovers(layout: Layout) -> list[str]:

@@ -127,6 +127,35 @@ def processes_inside(layout: Layout) -> list[int]:
     return found
 
 
+def processes_in_netns(netns_path: Path) -> list[int]:
+    """Every process in the network namespace bound at netns_path (daemons, qemu of guest nodes)."""
+    try:
+        ours = os.stat(netns_path).st_ino
+    except OSError:
+        return []
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.stat(f"/proc/{entry}/ns/net").st_ino == ours:
+                    found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+def owner_of_netns(netns_path: Path, roots: list[Path]) -> Path | None:
+    """Which cluster folder among `roots` made the namespace bound at netns_path (its netns.id)."""
+    identity = _identity(netns_path)
+    for root in roots:
+        try:
+            if (root / "netns.id").read_text() == identity:
+                return root
+        except OSError:
+            pass
+    return None
+
+
 def processes_in_cgroups(cgroup_root: str) -> list[int]:
     """Every process under kubelet's cgroupRoot: the pods' containers, which runc gives mount
     namespaces of their own."""
