@@ -11,7 +11,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from rdma_netns import fsutil
+from rdma_netns import fsutil, probe_file
 from rdma_netns.kernel.rdma_devices import DeviceSysfs, RdmaDevice
 from rdma_netns.kernel.rdma_sysfs import GidUsage, RdmaPort
 from rdma_netns.kubelet import podresources, ratelimit
@@ -161,6 +161,9 @@ class Daemon:
         folder = os.path.dirname(path) or "."
         os.makedirs(folder, exist_ok=True)
         fsutil.write_atomic(path, json.dumps(status).encode(), 0o644)  # a probe may read it as any user
+        # Next to it, what the readiness probe reads with the shell: every resource registered.
+        pending = sorted(name for name, r in status["resources"].items() if not r["registered"])
+        probe_file.write(ready_file(path), [f"not registered with kubelet: {', '.join(pending)}"] if pending else [])
 
     @staticmethod
     def resource_health(plugin: ResourcePlugin) -> dict:
@@ -250,3 +253,8 @@ class Daemon:
         self.kubelet.close()
         if self.config.healthFile:
             fsutil.remove(self.config.healthFile)
+
+
+def ready_file(health_file: str) -> str:
+    """The readiness file lives next to the health file: `ready` once every resource is registered."""
+    return os.path.join(os.path.dirname(health_file) or ".", "ready")

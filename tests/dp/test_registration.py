@@ -104,6 +104,8 @@ def test_kubelet_down_at_start_then_appears():
             direct.close()
         health = json.loads(host.health_file.read_text())
         assert health["resources"][RESOURCE]["registered"] is False, health
+        ready = host.health_file.parent / "ready"  # what the readiness probe reads (daemon.ready_file)
+        assert ready.read_text() == f"not ready: not registered with kubelet: {RESOURCE}\n"
         assert "retry" in daemon.stderr().lower(), f"failed registrations must be logged\n{daemon.output()}"
         host.kubelet.start()
         # Back-off is 0.5 s doubling (max 10 s): after ~1.2 s down, the next attempt is < 3 s away.
@@ -114,6 +116,9 @@ def test_kubelet_down_at_start_then_appears():
         deadline = time.monotonic() + 2
         while not json.loads(host.health_file.read_text())["resources"][RESOURCE]["registered"]:
             assert time.monotonic() < deadline, "health file never says registered"
+            time.sleep(INTERVAL / 2)
+        while ready.read_text() != "ready\n":
+            assert time.monotonic() < deadline + 2, f"the ready file still says {ready.read_text()!r}"
             time.sleep(INTERVAL / 2)
         assert daemon.alive()
     finally:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import subprocess
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -266,3 +267,53 @@ def test_the_sidecars_readiness_probe_fails_until_the_entry_fits_this_node(node,
     give_node_address(node, "fd00:10::3:1/64")
     out = probe()
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_watch_keeps_the_readiness_file_the_daemonsets_probe_reads(node, tmp_path):
+    """`cni-conf watch --ready-file` (the DaemonSet's sidecar) answers the same question in its own
+    process, and the manifest's shell probe reads the answer: not Ready while the node's fabric
+    address is outside rangeFromNodeAddress.within, Ready within the check interval once it fits."""
+    from tests.conftest import installed_executable
+    from tests.unit.test_manifests import FileProbe, container, daemonset
+
+    conf = rule_conf(node, rangeFromNodeAddress={"prefixLength": 112, "within": "fd00:10::/32"})
+    entry = tmp_path / "entry.json"
+    entry.write_text(json.dumps({k: v for k, v in conf.items() if k not in ("cniVersion", "name")}))
+    give_node_address(node, "fd20:10::3:1/64")
+    conf_dir, ready = tmp_path / "net.d", tmp_path / "ready"
+    conf_dir.mkdir()
+    (conf_dir / "10-bridge.conflist").write_text(json.dumps(
+        {"cniVersion": "1.0.0", "name": "pods", "plugins": [{"type": "bridge"}]}))
+    probe = FileProbe(container(daemonset()["spec"]["template"]["spec"], "cni-conf-watch")["readinessProbe"], ready)
+    switch_on = {"RDMA_FOR_NON_HOSTNETWORK_PODS": "true"}
+    watch = subprocess.Popen(["ip", "netns", "exec", node.name, installed_executable(), "cni-conf", "watch",
+                              "--conf-dir", str(conf_dir), "--state-dir", str(tmp_path / "cni-conf"),
+                              "--entry", str(entry), "--interval", "0.1", "--ready-file", str(ready),
+                              "--ready-interval", "0.2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def probe_until(code: int) -> subprocess.CompletedProcess:
+        deadline = time.monotonic() + 15
+        while (out := probe.run(switch_on)).returncode != code:
+            assert watch.poll() is None, watch.stdout.read()
+            assert time.monotonic() < deadline, f"the probe still exits {out.returncode}: {out.stdout}"
+            time.sleep(0.1)
+        return out
+
+    try:
+        assert probe.run(switch_on).returncode == 1
+        deadline = time.monotonic() + 15
+        while not ready.exists():
+            assert watch.poll() is None and time.monotonic() < deadline, watch.stdout.read()
+            time.sleep(0.05)
+        out = probe.run(switch_on)
+        assert out.returncode == 1, out.stdout
+        assert "error 109: rail rail0 has no global IPv6 address within fd00:10::/32" in out.stdout, out.stdout
+        give_node_address(node, "fd00:10::3:1/64")
+        probe_until(0)
+        assert ready.read_text() == "ready\n"
+    finally:
+        watch.terminate()
+        log, _ = watch.communicate(timeout=30)
+    assert watch.returncode == 0, log
+    assert "not ready: on this node every RDMA pod's ADD would fail" in log and "\nrdma-netns cni-conf: ready" in log, log
+

@@ -14,6 +14,7 @@ import copy
 import json
 import os
 import posixpath
+import re
 import shutil
 import subprocess
 import tempfile
@@ -65,6 +66,23 @@ def container(pod_spec: dict, name: str, init: bool = False) -> dict:
     matches = [c for c in pod_spec.get(key, []) if c["name"] == name]
     assert len(matches) == 1, f"no {key[:-1]} named {name}"
     return matches[0]
+
+
+class FileProbe:
+    """An exec probe of the manifest that reads a status file with the shell (the chart's
+    "rdma-netns.fileProbe"), run as kubelet runs it, with its file moved to `where`."""
+
+    def __init__(self, probe: dict, where: Path | None = None) -> None:
+        command = probe["exec"]["command"]
+        assert command[:2] == ["/bin/sh", "-c"], command
+        found = re.search(r"\bf=(\S+);", command[2])
+        assert found, command[2]
+        self.file = found.group(1)
+        self.script = command[2] if where is None else command[2].replace(f"f={self.file};", f"f={where};")
+
+    def run(self, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run(["/bin/sh", "-c", self.script], capture_output=True, text=True, timeout=10,
+                              env={"PATH": "/usr/bin:/bin", **(env or {})})
 
 
 def check_config(tmp_path: Path, conflist: str, name: str = "net.conflist") -> subprocess.CompletedProcess:
@@ -349,16 +367,37 @@ def test_main_container_runs_a_real_rdma_netns_dp_invocation():
     assert posixpath.basename(args.config) in configmap()["data"]
 
 
-def test_liveness_probe_is_a_real_probe_of_the_daemons_health_file():
+def test_the_device_plugins_probes_read_its_files_with_the_shell(tmp_path: Path):
+    """Liveness and start-up: the health file is fresh (the daemon's loop rewrites it every
+    interval; a few missed ones are allowed, not zero). Readiness: its `ready` file (daemon.py)
+    says ready. No Python starts per probe (on a loaded node a timed-out exec probe keeps running)."""
+    from rdma_netns_dp.daemon import ready_file
+
     main = container(daemonset()["spec"]["template"]["spec"], "rdma-netns-dp")
-    probe = main["livenessProbe"]
-    args = dp_args(probe["exec"]["command"])
-    assert args.command == "probe"
     config = dp_config()
-    assert args.health_file == config.healthFile
-    # A fresh file is written every interval; the probe must allow a few missed ones, not zero.
-    assert 3 * config.healthIntervalSeconds <= args.max_age <= 60
-    assert probe["timeoutSeconds"] >= 2 and probe["failureThreshold"] >= 2
+    health, ready = tmp_path / "health.json", tmp_path / "ready"
+    live, start = FileProbe(main["livenessProbe"], health), FileProbe(main["startupProbe"], health)
+    readiness = FileProbe(main["readinessProbe"], ready)
+    assert live.file == start.file == config.healthFile
+    assert readiness.file == ready_file(config.healthFile)
+    max_age = int(re.search(r'"\$age" -le (\d+)', live.script).group(1))
+    assert 3 * config.healthIntervalSeconds <= max_age <= 60
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert main[probe]["timeoutSeconds"] >= 2 and main[probe].get("failureThreshold", 3) >= 2
+
+    out = live.run()
+    assert out.returncode == 1 and "not written yet" in out.stdout
+    health.write_text("{}")
+    assert live.run().returncode == 0 and start.run().returncode == 0
+    old = time.time() - max_age - 5
+    os.utime(health, (old, old))
+    out = live.run()
+    assert out.returncode == 1 and "not rewritten for" in out.stdout, out.stdout
+    ready.write_text("not ready: not registered with kubelet: rdma/hca\n")
+    out = readiness.run()
+    assert out.returncode == 1 and "not registered with kubelet: rdma/hca" in out.stdout
+    ready.write_text("ready\n")
+    assert readiness.run().returncode == 0
 
 
 def test_every_mount_has_its_volume_and_every_volume_is_used():
@@ -467,9 +506,8 @@ def test_the_daemon_starts_with_the_configmap_config_and_its_probe_passes(tmp_pa
                 "--cdi-dir", str(tmp_path / "cdi"), "--pod-grants-socket", str(kubelet / "pg.sock"),
                 # no listener on the machine's interfaces, no FIFO in its /run (tests/netns/test_metrics.py)
                 "--metrics-port", "0"]
-    probe = main["livenessProbe"]["exec"]["command"]
-    probe = [dp, *probe[1:]]
-    probe[probe.index("--health-file") + 1] = str(health)
+    live = FileProbe(main["livenessProbe"], health)
+    readiness = FileProbe(main["readinessProbe"], health.parent / "ready")
     # With the manifest's capabilities (none): everything the daemon does must work without them.
     proc = subprocess.Popen(as_container(main, command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
@@ -477,8 +515,12 @@ def test_the_daemon_starts_with_the_configmap_config_and_its_probe_passes(tmp_pa
         while not health.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
         assert proc.poll() is None, proc.stdout.read().decode()
-        out = subprocess.run(probe, capture_output=True, text=True)
-        assert out.returncode == 0, out.stderr
+        out = live.run()
+        assert out.returncode == 0, out.stdout
+        while not (health.parent / "ready").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        out = readiness.run()  # no kubelet here to register with: not Ready, and it says why
+        assert out.returncode == 1 and "not ready: not registered with kubelet: rdma/hca" in out.stdout, out.stdout
         status = json.loads(health.read_text())
         assert status["resources"]["rdma/hca"]["devices"] == 1000
         assert (kubelet / "device-plugins" / "rdma-netns-rdma_hca.sock").is_socket()
@@ -487,8 +529,7 @@ def test_the_daemon_starts_with_the_configmap_config_and_its_probe_passes(tmp_pa
         proc.wait(timeout=10)
         shutil.rmtree(kubelet, ignore_errors=True)
     assert proc.returncode == 0
-    out = subprocess.run(probe, capture_output=True, text=True)
-    assert out.returncode == 1  # the daemon removed its health file: the probe fails
+    assert live.run().returncode == 1  # the daemon removed its health file: the probe fails
 
 
 # --- the init container's install script ------------------------------------------------------------
@@ -688,7 +729,10 @@ def test_watch_sidecar_command_for_real(tmp_path: Path):
     config.mkdir()
     for key, value in configmap()["data"].items():
         (config / key).write_text(value)
-    script = watch["command"][2].replace("/host/", f"{host}/").replace("/etc/rdma-netns/", f"{config}/")
+    ready = tmp_path / "ready"
+    script = (watch["command"][2].replace("/host/", f"{host}/").replace("/etc/rdma-netns/", f"{config}/")
+              .replace(FileProbe(watch["readinessProbe"]).file, str(ready)))
+    probe = FileProbe(watch["readinessProbe"], ready)
     env = {"PATH": f"{os.path.dirname(installed_executable())}:/usr/bin:/bin", **container_env(watch)}
     primary = conf_dir / "10-calico.conflist"
     primary.write_text(CALICO)
@@ -705,10 +749,17 @@ def test_watch_sidecar_command_for_real(tmp_path: Path):
             assert time.monotonic() < deadline, "not within the time"
             time.sleep(0.05)
 
+    out = probe.run(env)
+    assert out.returncode == 1 and "not written yet" in out.stdout, out.stdout
     proc = subprocess.Popen(["/bin/sh", "-ec", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:
         wait(chained)
+        wait(ready.exists)
+        # Chained, but this machine has none of the ConfigMap's rail netdevs: not Ready, and why.
+        out = probe.run(env)
+        assert out.returncode == 1, out.stdout
+        assert "every RDMA pod's ADD would fail" in out.stdout and "no netdev" in out.stdout, out.stdout
         rewritten = CALICO.replace("kubernetes", "etcdv3")
         tmp = conf_dir / ".calico.tmp"
         tmp.write_text(rewritten)
@@ -730,6 +781,8 @@ def test_watch_sidecar_command_for_real(tmp_path: Path):
     off.terminate()
     out, _ = off.communicate(timeout=10)
     assert off.returncode == 0 and "nothing to watch" in out
+    ready.unlink()
+    assert probe.run(dict(env, RDMA_FOR_NON_HOSTNETWORK_PODS="false")).returncode == 0  # off: always Ready
     assert chained(), "the switch off is the init container's to act on, not the idle sidecar's"
 
 
@@ -747,11 +800,15 @@ def test_metrics_on_loopback_and_the_sidecars_probe():
     main = container(pod, "rdma-netns-dp")
     assert "ports" not in main and "prometheus.io/scrape" not in template["metadata"].get("annotations", {})
     watcher = container(pod, "cni-conf-watch")
-    probe = " ".join(watcher["readinessProbe"]["exec"]["command"])
-    watch = watcher["command"][-1]
-    assert "--require-entry" in probe and "cni-conf show" in probe
+    probe = FileProbe(watcher["readinessProbe"])
+    watch = " ".join(watcher["command"][-1].split())
+    # The probe reads the file the watch keeps, in a folder of the pod's own (not the host's: a
+    # file an earlier pod left there could pass once).
+    assert f"--ready-file {probe.file}" in watch
+    mount = {m["mountPath"]: m["name"] for m in watcher["volumeMounts"]}[posixpath.dirname(probe.file)]
+    assert "emptyDir" in {v["name"]: v for v in pod["volumes"]}[mount]
     for flag in ("--conf-dir /host/etc/cni/net.d", "--state-dir /host/var/lib/rdma-netns/cni-conf"):
-        assert flag in probe and flag in " ".join(watch.split())
+        assert flag in watch
     # The FIFO the daemon reads is where the shipped CNI configs write (their default).
     from rdma_netns.events import DEFAULT_PATH
 

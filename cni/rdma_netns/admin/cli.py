@@ -138,7 +138,12 @@ def _cni_conf(args: argparse.Namespace) -> int:
                 cni_conf.log(f"no {cni_conf.PLUGIN_TYPE} entry to remove in {conf_dir}")
             return 0
         if args.action == "watch":
-            return cni_conf.watch(conf_dir, entry, state, args.interval, args.keep_on_exit)
+            ready = None
+            if args.ready_file:
+                from rdma_netns.admin.cni_conf_ready import ReadyFile
+
+                ready = ReadyFile(args.ready_file, conf_dir, state, args.ready_interval).update
+            return cni_conf.watch(conf_dir, entry, state, args.interval, args.keep_on_exit, ready)
         info = cni_conf.show(conf_dir, state)
         if args.json:
             print(json.dumps(info, indent=2))
@@ -149,20 +154,15 @@ def _cni_conf(args: argparse.Namespace) -> int:
             print(f"tracked: {'yes' if info['tracked'] else 'no'}")
             if info["runtimeUses"] != info["primary"]:
                 print(f"note: the runtime uses {info['runtimeUses']} (it sorts first)")
-        if args.require_entry and not (info["entry"] and info["runtimeUses"] == info["primary"]):
-            # A readiness probe: pods started now would get no rails.
-            cni_conf.log(f"not ready: no {cni_conf.PLUGIN_TYPE} entry in the CNI config the runtime uses "
-                         f"({info['runtimeUses'] or 'none yet'} in {conf_dir})")
-            return 1
-        if args.require_node_fit:
-            # A readiness probe: this node's pod range on each rail, as ADD derives it (an address
-            # inside rangeFromNodeAddress.within), else every RDMA pod's ADD would fail while the
-            # node looks healthy.
-            from rdma_netns.admin import node_check
+        if args.require_entry or args.require_node_fit:
+            # A readiness probe (a DaemonSet's reads `watch --ready-file` instead): pods started now
+            # would get no rails, or every RDMA pod's ADD would fail while the node looks healthy.
+            from rdma_netns.admin import cni_conf_ready
 
-            fits, lines = node_check.chained(str(conf_dir))
-            if not fits:
-                cni_conf.log("not ready: on this node every RDMA pod's ADD would fail:\n" + "\n".join(lines))
+            found = cni_conf_ready.problems(conf_dir, state, entry=args.require_entry,
+                                            node_fit=args.require_node_fit)
+            if found:
+                cni_conf.log("not ready: " + "\n".join(found))
                 return 1
         return 0
     except cni_conf.CniConfError as exc:
@@ -229,6 +229,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default %(default)s)")
     p.add_argument("--interval", type=float, default=1.0, help="watch: seconds between looks (default 1)")
     p.add_argument("--keep-on-exit", action="store_true", help="watch: leave the entry in place on SIGTERM")
+    p.add_argument("--ready-file", help="watch: keep this file saying `ready` or `not ready: why` (the checks of "
+                   "--require-entry --require-node-fit), for a probe that reads it with the shell")
+    p.add_argument("--ready-interval", type=float, default=10.0,
+                   help="watch: seconds between readiness checks when nothing changed (default 10)")
     p.add_argument("--json", action="store_true", help="show: print JSON")
     p.add_argument("--require-entry", action="store_true",
                    help="show: exit 1 unless the config the runtime uses carries the entry (a readiness probe)")

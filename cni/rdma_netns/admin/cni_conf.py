@@ -493,7 +493,10 @@ def fingerprint(conf_dir: Path) -> tuple | None:
     return (name, st.st_ino, st.st_size, st.st_mtime_ns, sha256(data))
 
 
-def watch(conf_dir: Path, entry: dict, state: State, interval: float, keep_on_exit: bool) -> int:
+def watch(conf_dir: Path, entry: dict, state: State, interval: float, keep_on_exit: bool,
+          after_look: Callable[[bool], None] | None = None) -> int:
+    """Keep the entry chained until SIGTERM/SIGINT; `after_look(acted)` runs after every look
+    (cni_conf_ready keeps the readiness file with it)."""
     stop = {"signal": None}
 
     def on_signal(signum, _frame) -> None:
@@ -506,7 +509,8 @@ def watch(conf_dir: Path, entry: dict, state: State, interval: float, keep_on_ex
     waiting_logged = False
     while stop["signal"] is None:
         now = fingerprint(conf_dir)
-        if now != last:
+        acted = now != last
+        if acted:
             try:
                 result = insert(conf_dir, entry, state)
                 if result == "no-primary" and not waiting_logged:
@@ -521,6 +525,8 @@ def watch(conf_dir: Path, entry: dict, state: State, interval: float, keep_on_ex
                 log(f"{type(exc).__name__}: {exc}: will look again")
                 now = "retry"
             last = now
+        if after_look is not None:
+            after_look(acted)
         deadline = time.monotonic() + interval
         while stop["signal"] is None and time.monotonic() < deadline:
             time.sleep(min(0.1, interval))

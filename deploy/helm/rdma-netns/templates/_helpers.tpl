@@ -68,3 +68,27 @@ rdma-netns.io/pool: {{ .pool }}
                   - {key: rdma-netns.io/pool, operator: DoesNotExist}
 {{- end }}
 {{- end -}}
+
+{{/* An exec probe that reads a file a daemon of the pod keeps (rdma_netns/probe_file.py) with the
+shell: no Python start-up each period (on a loaded node a timed-out exec probe keeps running and
+they pile up). It fails when the file is missing or older than maxAge seconds (its writer is stuck
+or gone) and, with ready, unless its first line is "ready" (it prints the file: kubectl describe
+shows why). skipUnless: a shell condition under which the probe passes without looking. */}}
+{{- define "rdma-netns.fileProbe" -}}
+exec:
+  command:
+    - /bin/sh
+    - -c
+    - >-
+{{- if .skipUnless }}
+      if ! {{ .skipUnless }}; then exit 0; fi;
+{{- end }}
+      f={{ .file }};
+      [ -e "$f" ] || { echo "$f: not written yet"; exit 1; };
+      age=$(( $(date +%s) - $(stat -c %Y "$f") ));
+      [ "$age" -le {{ .maxAge }} ] || { echo "$f: not rewritten for $age s (its writer is stuck or gone)"; exit 1; };
+{{- if .ready }}
+      IFS= read -r first < "$f"; [ "$first" = ready ] || { cat "$f"; exit 1; };
+{{- end }}
+      exit 0
+{{- end -}}

@@ -1,0 +1,50 @@
+"""Is this node ready to give pods their rails? The CNI config the runtime uses carries our entry,
+and ADD can derive this node's pod range on each rail (rangeFromNodeAddress). One rule for
+`cni-conf show --require-entry --require-node-fit` and for the readiness file `cni-conf watch`
+keeps (probe_file: the DaemonSet's probe reads it with the shell)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from rdma_netns import probe_file
+from rdma_netns.admin import cni_conf, node_check
+
+
+def problems(conf_dir: Path, state: cni_conf.State, *, entry: bool = True, node_fit: bool = True) -> list[str]:
+    """Why pods started now would get no rails (empty: they would get them)."""
+    if entry:
+        info = cni_conf.show(conf_dir, state)
+        if not (info["entry"] and info["runtimeUses"] == info["primary"]):
+            return [f"no {cni_conf.PLUGIN_TYPE} entry in the CNI config the runtime uses "
+                    f"({info['runtimeUses'] or 'none yet'} in {conf_dir})"]
+    if node_fit:
+        fits, lines = node_check.chained(str(conf_dir))
+        if not fits:
+            return ["on this node every RDMA pod's ADD would fail:", *lines]
+    return []
+
+
+class ReadyFile:
+    """Rewrites the readiness file after the watch acted and at least every `every` seconds (its
+    age tells the probe the watch is alive); logs each change of the answer once."""
+
+    def __init__(self, path: str, conf_dir: Path, state: cni_conf.State, every: float) -> None:
+        self.path, self.conf_dir, self.state, self.every = path, conf_dir, state, every
+        self._last_time = float("-inf")
+        self._last_text: str | None = None
+
+    def update(self, acted: bool) -> None:
+        if not acted and time.monotonic() - self._last_time < self.every:
+            return
+        try:
+            found = problems(self.conf_dir, self.state)
+        except (cni_conf.CniConfError, OSError) as exc:
+            found = [f"cannot check: {exc}"]
+        text = probe_file.render(found)
+        if text != self._last_text:
+            cni_conf.log(text.rstrip("\n"))
+            self._last_text = text
+        probe_file.write(self.path, found)
+        self._last_time = time.monotonic()
