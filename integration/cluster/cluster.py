@@ -62,7 +62,8 @@ class Cluster:
                 str(self.layout.admin_kubeconfig), *args]
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
         if proc.returncode != 0:
-            raise RuntimeError(f"helm {' '.join(args)} -> exit {proc.returncode}: {proc.stderr.strip()}")
+            raise RuntimeError(f"helm {' '.join(args)} -> exit {proc.returncode}: {proc.stderr.strip()}\n"
+                               f"{proc.stdout.strip()}")
         return proc
 
     def get(self, *args: str) -> dict:

@@ -59,7 +59,7 @@ def has_capability(name: str) -> bool:
 
 def training_job(image: str, name: str, script: str, pods: int = 2, host_network: bool = False,
                  machine_caps_only: bool = True) -> dict:
-    """conf/k8s/training-job.yaml's Job: two pods; the image ours, a shell script instead of
+    """conf/k8s/training-job.yaml's Job: `pods` pods, on one node; the image ours, a shell script instead of
     torchrun; no GPUs and only rdma/hca in resources (this machine has 2 CPUs, no GPU plugin); the
     data volume an emptyDir (no PVCs); capabilities this machine's bounding set lacks left out
     (runc cannot grant them) unless machine_caps_only is False (admission-only checks)."""
@@ -69,6 +69,7 @@ def training_job(image: str, name: str, script: str, pods: int = 2, host_network
     job["spec"].update(parallelism=pods, completions=pods, ttlSecondsAfterFinished=None)
     job["spec"].pop("ttlSecondsAfterFinished")
     spec = job["spec"]["template"]["spec"]
+    spec.pop("affinity")  # one pod per node: these tests place a Job's pods on one node
     (train,) = spec["containers"]
     train.update(image=image, command=["/bin/sh", "-c", script])
     train.pop("args", None)

@@ -23,7 +23,7 @@ from integration.cluster.conftest import REPORT
 from integration.cluster.guest_node import GuestNode
 from integration.cluster.host_rdma import RAILS, rail_netdev
 from integration.cluster.layout import HOST_NODE, REPO
-from integration.cluster.manifests import training_job
+from integration.cluster.manifests import documents as manifest_documents, training_job
 from integration.cluster.pki import Pki
 
 pytestmark = [
@@ -44,11 +44,6 @@ NODE_FILES = ("/opt/rdma-netns-ds", "/var/lib/cni/rdma-netns", "/var/lib/rdma-ne
               "/opt/cni/bin/rdma-netns")
 # The Job's pods wait for the test to drive traffic through `kubectl exec`, then exit 0.
 WAIT_SCRIPT = "trap 'exit 0' TERM; while [ ! -e /tmp/done ]; do sleep 1; done"
-# Run in a pod: perftest on rail r with what the pod was given, as NCCL reads it: the rail's
-# device from NCCL_IB_HCA ("=rxe0,rxe1" in rail order) and the GID index.
-PERFTEST = ('hca=$(sed -n "s/^NCCL_IB_HCA==//p" /etc/nccl.conf | cut -d, -f{field} | cut -d: -f1); '
-            'idx=$(sed -n "s/^NCCL_IB_GID_INDEX=//p" /etc/nccl.conf); '
-            'exec ib_write_bw -d "$hca" -x "$idx" -s 65536 -n 200 -p {port} --report_gbits {peer}')
 RAIL_LIST = [{"netdev": rail_netdev(r), "ifname": f"rdma{r}"} for r in range(RAILS)]
 
 
@@ -135,6 +130,21 @@ def test_helm_installs_a_release_per_node_pool(cluster, rdma_node, release_image
     assert (entry["link"], entry["linkMode"], entry["rails"]) == ("ipvlan", "l2", RAIL_LIST), entry
 
 
+def test_helm_test_checks_a_granted_pods_rails_on_each_pool(cluster, rdma_node):
+    """`helm test <release>` as an admin runs it after the install: a pod granted one rdma/hca on a
+    node of the release has both rails with a global and a link-local IPv6 address, the RDMA char
+    devices and the NCCL settings from CDI."""
+    for release, node in (("rdma-netns", HOST_NODE), ("rdma-netns-lag", GUEST)):
+        began = time.monotonic()
+        out = cluster.helm("test", release, "-n", "kube-system", "--logs", "--timeout", "10m", timeout=700).stdout
+        assert "Phase:          Succeeded" in out, out
+        for rail in RAIL_LIST:
+            assert f"ok   {rail['ifname']}: global " in out, out
+        assert "ok   /dev/infiniband: uverbs" in out and "ok   /etc/nccl.conf: NCCL_IB_HCA=" in out, out
+        REPORT.append(f"helm test {release} (on {node}): passed in {time.monotonic() - began:.0f} s:\n"
+                      + "\n".join(line for line in out.splitlines() if line.startswith(("ok", "FAIL"))))
+
+
 def test_the_seed_job_moves_rdma_traffic_and_keeps_its_rails_through_upgrade_and_rollback(cluster, rdma_node,
                                                                                          release_image):
     _node, tools = rdma_node
@@ -153,19 +163,22 @@ def test_the_seed_job_moves_rdma_traffic_and_keeps_its_rails_through_upgrade_and
     REPORT.append(f"the seed's Job on {GUEST}: both pods Running {time.monotonic() - began:.0f} s after apply")
     server, client = sorted(running(), key=lambda p: p["metadata"]["name"])
     server_name, client_name = server["metadata"]["name"], client["metadata"]["name"]
+    # conf/k8s/rdma-check.yaml's script, as its Job's pods 0 and 1 run it, with the server's eth0
+    # address for its DNS name (this cluster has no DNS): per rail, ib_write_bw with the device and
+    # GID index from /etc/nccl.conf, no rail traffic before.
+    check = rdma_check_script()
+    serving = subprocess_background(cluster, server_name, check, {"JOB_COMPLETION_INDEX": "0", "PEER": "-"})
+    out = cluster.kubectl("exec", "-n", NAMESPACE, client_name, "--", "env", "JOB_COMPLETION_INDEX=1",
+                          f"PEER={server['status']['podIP']}", "FIRST_PORT=18515", "sh", "-c", check,
+                          timeout=900, check=False)
+    server_out = serving.communicate(timeout=120)[0]
+    assert out.returncode == 0 and serving.returncode == 0, out.stdout + out.stderr + server_out
     for rail in range(RAILS):
-        port = 18515 + rail
-        listening = subprocess_background(cluster, server_name, PERFTEST.format(field=rail + 1, port=port, peer=""))
-        # The client connects once the server listens (a loaded node takes seconds to start it).
-        cluster.wait_for(f"ib_write_bw listening on port {port}", lambda: tcp_listening(cluster, server_name, port),
-                         timeout=120)
-        out = cluster.kubectl("exec", "-n", NAMESPACE, client_name, "--", "sh", "-c",
-                              PERFTEST.format(field=rail + 1, port=port, peer=server["status"]["podIP"]), timeout=300)
-        server_out = listening.communicate(timeout=120)[0]
-        assert listening.returncode == 0, server_out
-        figures = [line for line in out.stdout.splitlines() if line.strip().startswith("65536")]
-        assert figures, out.stdout + out.stderr
-        REPORT.append(f"rail {rail}: ib_write_bw {client_name} -> {server_name}: {figures[0].split()}")
+        section = out.stdout.split(f"rail {rail} (", 1)[1]
+        figures = [line for line in section.splitlines() if line.strip().startswith("65536")]
+        assert figures, out.stdout
+        REPORT.append(f"rail {rail}: ib_write_bw {client_name} -> {server_name} (conf/k8s/rdma-check.yaml's "
+                      f"script): {figures[0].split()}")
 
     # helm upgrade with a changed rail rolls the pool's pod; the Job's pods keep their rails.
     def rails_of(pod: str) -> str:
@@ -217,17 +230,16 @@ def test_helm_uninstall_and_the_clean_up_release_leave_every_node_clean(cluster,
     assert not left, left
 
 
-def tcp_listening(cluster, pod: str, port: int) -> bool:
-    """A socket of the pod listens on `port` (its /proc/net/tcp or tcp6: state 0A)."""
-    table = cluster.kubectl("exec", "-n", NAMESPACE, pod, "--", "cat", "/proc/net/tcp", "/proc/net/tcp6",
-                            check=False).stdout
-    return any(f[1].endswith(f":{port:04X}") and f[3] == "0A" for f in (line.split() for line in table.splitlines())
-               if len(f) > 3)
+def rdma_check_script() -> str:
+    (job,) = [d for d in manifest_documents("rdma-check.yaml") if d["kind"] == "Job"]
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["command"][:2] == ["/bin/sh", "-c"]
+    return container["command"][2]
 
 
-def subprocess_background(cluster, pod: str, script: str) -> subprocess.Popen:
+def subprocess_background(cluster, pod: str, script: str, env: dict[str, str]) -> subprocess.Popen:
     """`kubectl exec` left running (a perftest server while its client runs)."""
     argv = ["nsenter", f"--net={cluster.layout.netns_path}", "--", str(cluster.bin_dir / "kubectl"),
             "--kubeconfig", str(cluster.layout.admin_kubeconfig), "exec", "-n", NAMESPACE, pod, "--",
-            "sh", "-c", script]
+            "env", "FIRST_PORT=18515", *(f"{k}={v}" for k, v in env.items()), "sh", "-c", script]
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

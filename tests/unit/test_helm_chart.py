@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -58,8 +59,9 @@ def entry_of(docs: list[dict]) -> dict:
 
 
 def images(docs: list[dict]) -> set[str]:
-    spec = by_kind(docs)["DaemonSet"]["spec"]["template"]["spec"]
-    return {c["image"] for c in [*spec.get("initContainers", []), *spec["containers"]]}
+    specs = [d["spec"]["template"]["spec"] if d["kind"] == "DaemonSet" else d["spec"] for d in docs
+             if d["kind"] in ("DaemonSet", "Pod")]
+    return {c["image"] for spec in specs for c in [*spec.get("initContainers", []), *spec["containers"]]}
 
 
 def test_the_plain_manifests_are_the_charts_render(helm):
@@ -161,3 +163,94 @@ def test_a_config_change_rolls_the_pods_and_an_image_change_alone_does_not_chang
     assert checksum("--set", "rdmaForNonHostNetworkPods=false") != base
     assert checksum("--set", "devicePlugin.sharedUnits=500") != base
     assert checksum("--set", f"image.digest={DIGEST}") == base
+
+
+# --- helm test -----------------------------------------------------------------------------------
+
+def helm_test_pod(docs: list[dict]) -> dict:
+    pod = by_kind(docs)["Pod"]
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    return pod
+
+
+def test_the_helm_test_pod_asks_like_a_training_pod_where_the_release_runs(helm):
+    """One rdma/hca on a node of this release (its pool's), the rails' interface names, and no
+    privilege at all: Pod Security "restricted" admits it in any namespace."""
+    for args, ifnames in ((["--set", "pool=lag", "-f", str(LAG_VALUES)], "rdma0 rdma1 rdma2 rdma3"),
+                          (["--set-json", 'rails=[{"netdev": "bond0"}, {"netdev": "bond1", "ifname": "net1"}]'],
+                           "rdma0 net1")):
+        docs = render(helm, *args)
+        pod, ds = helm_test_pod(docs)["spec"], by_kind(docs)["DaemonSet"]["spec"]["template"]["spec"]
+        assert pod["nodeSelector"] == ds["nodeSelector"] and pod.get("affinity") == ds.get("affinity")
+        assert pod["tolerations"] == ds["tolerations"]
+        (container,) = pod["containers"]
+        assert container["resources"]["limits"] == {"rdma/hca": 1}
+        assert {e["name"]: e["value"] for e in container["env"]}["RAILS"] == ifnames
+        # Pod Security "restricted" (v1.28+): non-root, RuntimeDefault seccomp, no escalation, no capability.
+        assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False
+        assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+        assert "hostNetwork" not in pod and not any("hostPath" in v for v in pod.get("volumes", []))
+    assert "Pod" not in {d["kind"] for d in render(helm, "--set", "test.enabled=false")}
+    assert "Pod" not in {d["kind"] for d in render(helm, "--set", "component=uninstall")}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (a network namespace with the pod's rails)")
+def test_the_helm_test_script_passes_a_wired_pod_and_names_what_is_missing(helm, tmp_path: Path):
+    """The test pod's script, run in a network namespace shaped like a granted pod (veth rails with
+    a global and a link-local IPv6 address), its /dev/infiniband and /etc/nccl.conf moved under
+    tmp_path: it passes, and each thing taken away fails it with its reason."""
+    (container,) = helm_test_pod(render(helm, "--set-json", 'rails=[{"netdev": "eth1"}, {"netdev": "eth2"}]'))[
+        "spec"]["containers"]
+    devices, nccl = tmp_path / "infiniband", tmp_path / "nccl.conf"
+    script = container["command"][2].replace("/dev/infiniband", str(devices)).replace("/etc/nccl.conf", str(nccl))
+    env = {"PATH": "/usr/bin:/bin", **{e["name"]: e["value"] for e in container["env"]}}
+    netns = f"rnh-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", netns], check=True)
+
+    def ip(*args: str) -> None:
+        subprocess.run(["ip", "-n", netns, *args], check=True, capture_output=True)
+
+    def check() -> subprocess.CompletedProcess:
+        return subprocess.run(["ip", "netns", "exec", netns, "/bin/sh", "-c", script], env=env,
+                              capture_output=True, text=True, timeout=30)
+
+    def until_ok(rail: str) -> subprocess.CompletedProcess:  # the link-local address leaves DAD first
+        for _ in range(100):
+            out = check()
+            if f"ok   {rail}" in out.stdout:
+                return out
+            time.sleep(0.05)
+        return out
+
+    try:
+        for index, rail in enumerate(("rdma0", "rdma1")):
+            ip("link", "add", rail, "type", "veth", "peer", "name", f"peer{index}")
+            ip("address", "add", f"fd00:10::{index + 2}/64", "dev", rail, "nodad")
+            ip("link", "set", f"peer{index}", "up")
+            ip("link", "set", rail, "up")
+        devices.mkdir()
+        (devices / "uverbs0").touch()
+        nccl.write_text("NCCL_IB_HCA==rxe0:1,rxe1:1\nNCCL_IB_GID_INDEX=3\n")
+        until_ok("rdma1")
+        out = until_ok("rdma0")
+        assert out.returncode == 0, out.stdout
+        assert "ok   /etc/nccl.conf: NCCL_IB_HCA==rxe0:1,rxe1:1 NCCL_IB_GID_INDEX=3" in out.stdout.replace(
+            str(nccl), "/etc/nccl.conf")
+        ip("address", "flush", "dev", "rdma1", "scope", "link")
+        out = check()
+        assert out.returncode == 1 and "FAIL rdma1: no link-local IPv6 address" in out.stdout, out.stdout
+        ip("address", "flush", "dev", "rdma1", "scope", "global")
+        assert "FAIL rdma1: no global IPv6 address" in check().stdout
+        ip("link", "delete", "rdma1")
+        assert "FAIL rdma1: no such interface in the pod" in check().stdout
+        (devices / "uverbs0").unlink()
+        nccl.unlink()
+        out = check()
+        assert f"FAIL {devices}: no uverbs device" in out.stdout, out.stdout
+        assert "no NCCL settings (is CDI on in the runtime?" in out.stdout, out.stdout
+        assert "ok   rdma0" in out.stdout
+    finally:
+        subprocess.run(["ip", "netns", "delete", netns], check=False)
+

@@ -192,6 +192,86 @@ def test_training_job_needs_no_host_network(filename: str):
         assert not {"NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "NCCL_IB_ADDR_FAMILY"} & set(env)
 
 
+@pytest.mark.parametrize("filename", ["training-job.yaml", "training-job-multus.yaml"])
+def test_training_job_spans_nodes_one_pod_each(filename: str):
+    """NCCL leaves the node only when the job has pods on several nodes: an Indexed Job, one pod
+    per node, torchrun's --nnodes equal to the pod count, the rendezvous at pod 0's name under
+    the headless Service the file ships."""
+    job, service = one("Job", filename), one("Service", filename)
+    spec, pod = job["spec"], job["spec"]["template"]["spec"]
+    assert spec["completionMode"] == "Indexed" and spec["completions"] == spec["parallelism"] >= 2
+    (term,) = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"].items() <= job["spec"]["template"]["metadata"]["labels"].items()
+    assert service["spec"]["clusterIP"] == "None" and pod["subdomain"] == service["metadata"]["name"]
+    assert service["spec"]["selector"].items() <= job["spec"]["template"]["metadata"]["labels"].items()
+    command = pod["containers"][0]["command"]
+    assert f"--nnodes={spec['completions']}" in command
+    endpoint = next(a for a in command if a.startswith("--rdzv_endpoint="))
+    port = endpoint.rsplit(":", 1)[1]
+    assert endpoint == f"--rdzv_endpoint={job['metadata']['name']}-0.{service['metadata']['name']}:{port}"
+    assert int(port) in {p["port"] for p in service["spec"]["ports"]}
+
+
+def test_the_rdma_check_job_spans_two_nodes_and_finds_pod_0_by_name():
+    job, service = one("Job", "rdma-check.yaml"), one("Service", "rdma-check.yaml")
+    spec, pod = job["spec"], job["spec"]["template"]["spec"]
+    assert spec["completionMode"] == "Indexed" and spec["completions"] == spec["parallelism"] == 2
+    (term,) = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert service["spec"]["clusterIP"] == "None" and pod["subdomain"] == service["metadata"]["name"]
+    (check,) = pod["containers"]
+    env = {e["name"]: e["value"] for e in check["env"]}
+    assert env["PEER"] == f"{job['metadata']['name']}-0.{service['metadata']['name']}"
+    assert str(check["resources"]["limits"]["rdma/hca"]) == "1" and not pod.get("hostNetwork")
+
+
+def test_the_rdma_check_script_reads_what_cdi_published_and_waits_for_its_server(tmp_path: Path):
+    """The Job's script with a stand-in ib_write_bw that records its arguments and refuses the
+    client's first connections (perftest's own message): per rail the device and GID index from
+    /etc/nccl.conf, the client retries until the server listens, any other failure fails the pod."""
+    (check,) = one("Job", "rdma-check.yaml")["spec"]["template"]["spec"]["containers"]
+    nccl = tmp_path / "nccl.conf"
+    nccl.write_text("NCCL_IB_HCA==mlx5_bond_0:1,mlx5_bond_1:1\nNCCL_IB_GID_INDEX=5\nNCCL_SOCKET_IFNAME=eth0\n")
+    script = check["command"][2].replace("/etc/nccl.conf", str(nccl))
+    calls, bin_dir = tmp_path / "calls", tmp_path / "bin"
+    bin_dir.mkdir()
+    stand_in = bin_dir / "ib_write_bw"
+    stand_in.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        echo "$*" >> {calls}
+        n=$(wc -l < {calls})
+        case "$*" in *fail-rtr*) echo "Failed to modify QP to RTR"; exit 1 ;; esac
+        if [ $# -eq 12 ] && [ "$n" -le 2 ]; then echo "Couldn't connect to ${{12}}:${{10}}"; exit 1; fi
+        echo " 65536      1000             9.99               9.98               0.019"
+        """))
+    stand_in.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "FIRST_PORT": "18515"}
+
+    def run(index: str, peer: str) -> subprocess.CompletedProcess:
+        fast = script.replace("sleep 2", "sleep 0.01")
+        return subprocess.run(["/bin/sh", "-c", fast], env={**env, "JOB_COMPLETION_INDEX": index, "PEER": peer},
+                              capture_output=True, text=True, timeout=60)
+
+    out = run("1", "10.0.0.1")
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = calls.read_text().splitlines()
+    assert len(lines) == 4  # two refusals on rail 0, then one run per rail
+    assert lines[2] == "-d mlx5_bond_0 -x 5 -s 65536 -n 1000 -p 18515 --report_gbits 10.0.0.1"
+    assert lines[3] == "-d mlx5_bond_1 -x 5 -s 65536 -n 1000 -p 18516 --report_gbits 10.0.0.1"
+    assert "rail 1 (mlx5_bond_1, GID index 5) -> 10.0.0.1:18516:" in out.stdout
+    calls.unlink()
+    out = run("0", "-")
+    assert out.returncode == 0 and calls.read_text().splitlines()[0] == "-d mlx5_bond_0 -x 5 -s 65536 -n 1000 -p 18515 --report_gbits"
+    calls.write_text("x\nx\nx\n")  # past the refusals: an RDMA failure is not retried
+    out = run("1", "fail-rtr")
+    assert out.returncode == 1 and "rail 0 (mlx5_bond_0, GID index 5): FAILED" in out.stdout, out.stdout
+    assert "Failed to modify QP to RTR" in out.stdout
+    nccl.write_text("NCCL_SOCKET_IFNAME=eth0\n")
+    out = run("1", "10.0.0.1")
+    assert out.returncode == 1 and "is the pod granted rdma/hca, CDI on?" in out.stdout
+
+
 def test_multus_job_is_the_same_job_with_the_network_annotation():
     plain, multus = one("Job", "training-job.yaml"), one("Job", "training-job-multus.yaml")
     nad = one("NetworkAttachmentDefinition", "multus-network-attachment.yaml")

@@ -58,15 +58,15 @@ rdma-netns.io/pool: {{ .pool }}
 
 {{/* The release without a pool stays off nodes of a named pool (they run their pool's release). */}}
 {{- define "rdma-netns.affinity" -}}
-{{- if not .Values.pool }}
-      affinity:
-        # A node labelled rdma-netns.io/pool=<name> runs that pool's release (values: pool), not this one.
-        nodeAffinity:
-          requiredDuringSchedulingIgnoredDuringExecution:
-            nodeSelectorTerms:
-              - matchExpressions:
-                  - {key: rdma-netns.io/pool, operator: DoesNotExist}
-{{- end }}
+{{- if not .Values.pool -}}
+affinity:
+  # A node labelled rdma-netns.io/pool=<name> runs that pool's release (values: pool), not this one.
+  nodeAffinity:
+    requiredDuringSchedulingIgnoredDuringExecution:
+      nodeSelectorTerms:
+        - matchExpressions:
+            - {key: rdma-netns.io/pool, operator: DoesNotExist}
+{{- end -}}
 {{- end -}}
 
 {{/* An exec probe that reads a file a daemon of the pod keeps (rdma_netns/probe_file.py) with the
@@ -91,4 +91,13 @@ exec:
       IFS= read -r first < "$f"; [ "$first" = ready ] || { cat "$f"; exit 1; };
 {{- end }}
       exit 0
+{{- end -}}
+
+{{/* The pod interface names of the rails (rdma<i> where a rail names none), space-separated. */}}
+{{- define "rdma-netns.testIfnames" -}}
+{{- $names := list -}}
+{{- range $i, $rail := .Values.rails -}}
+{{- $names = append $names (default (printf "rdma%d" $i) $rail.ifname) -}}
+{{- end -}}
+{{- join " " $names -}}
 {{- end -}}
