@@ -254,3 +254,49 @@ def test_the_helm_test_script_passes_a_wired_pod_and_names_what_is_missing(helm,
     finally:
         subprocess.run(["ip", "netns", "delete", netns], check=False)
 
+
+# --- the configuration reference --------------------------------------------------------------------
+
+def leaf_values(tree: dict, prefix: str = "") -> dict[str, object]:
+    """values.yaml's keys as the reference names them (dotted), down to scalars and lists."""
+    out: dict[str, object] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value and name != "nodeSelector":
+            out.update(leaf_values(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
+def reference_rows() -> dict[str, str]:
+    """docs/configuration.md's "The Helm chart's values" table: each named value -> its default cell."""
+    text = (REPO / "docs" / "configuration.md").read_text().split("## The Helm chart's values", 1)[1]
+    rows: dict[str, str] = {}
+    for line in text.split("\n## ", 1)[0].splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 3 or not cells[0].startswith("`"):
+            continue
+        names = [n.strip().strip("`") for n in cells[0].split(",")]
+        defaults = [d.strip() for d in cells[2].split(", ")] if len(names) > 1 else [cells[2]]
+        for index, name in enumerate(names):
+            rows[name] = defaults[index] if len(defaults) == len(names) else cells[2]
+    return rows
+
+
+def test_the_configuration_reference_names_every_value_with_its_default():
+    values = leaf_values(yaml.safe_load((CHART / "values.yaml").read_text()))
+    rows = reference_rows()
+    assert set(rows) == set(values), (f"in values.yaml only: {sorted(set(values) - set(rows))}; "
+                                      f"in docs/configuration.md only: {sorted(set(rows) - set(values))}")
+    for name, value in values.items():
+        cell = rows[name]
+        if isinstance(value, bool):
+            assert cell == f"`{str(value).lower()}`", name
+        elif isinstance(value, (str, int, float)):
+            assert cell == (f"`{value}`" if value != "" else '`""`'), f"{name}: values.yaml {value!r}, docs {cell}"
+        elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+            assert cell == f"`[{', '.join(value)}]`", f"{name}: values.yaml {value!r}, docs {cell}"
+        elif isinstance(value, list) and not value:
+            assert cell == "`[]`", name
+
