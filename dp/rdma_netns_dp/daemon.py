@@ -11,7 +11,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from rdma_netns import fsutil, probe_file
+from rdma_netns import fsutil, mode_policy, probe_file
 from rdma_netns.kernel.rdma_devices import DeviceSysfs, RdmaDevice
 from rdma_netns.kernel.rdma_sysfs import GidUsage, RdmaPort
 from rdma_netns.kubelet import podresources, ratelimit
@@ -161,9 +161,15 @@ class Daemon:
         folder = os.path.dirname(path) or "."
         os.makedirs(folder, exist_ok=True)
         fsutil.write_atomic(path, json.dumps(status).encode(), 0o644)  # a probe may read it as any user
-        # Next to it, what the readiness probe reads with the shell: every resource registered.
+        # Next to it, what the readiness probe reads with the shell: every resource registered, and
+        # the kernel's RDMA netns mode the one the config needs (else every unit is Unhealthy).
+        problems = []
         pending = sorted(name for name, r in status["resources"].items() if not r["registered"])
-        probe_file.write(ready_file(path), [f"not registered with kubelet: {', '.join(pending)}"] if pending else [])
+        if pending:
+            problems.append(f"not registered with kubelet: {', '.join(pending)}")
+        if self._last_blocked:
+            problems.append(f"{self._last_blocked}: {mode_policy.fix_hint(self.mode)}")
+        probe_file.write(ready_file(path), problems)
 
     @staticmethod
     def resource_health(plugin: ResourcePlugin) -> dict:

@@ -361,12 +361,23 @@ def test_cdi_entry_of_a_granted_device_stays_valid_while_it_is_in_a_pod(host: Ho
     while entry() != [f"{host.dev_root}/infiniband/uverbs17"] and time.monotonic() < deadline:
         time.sleep(0.05)
     assert entry() == [f"{host.dev_root}/infiniband/uverbs17"], read_spec(host)
-    # The kernel's mode goes wrong: every unit Unhealthy, the one in the pod too.
+    # The kernel's mode goes wrong: every unit Unhealthy, the one in the pod too, and the
+    # DaemonSet's pod not Ready (the file its readiness probe reads says why).
+    ready = host.health_file.parent / "ready"
+    assert ready.read_text() == "ready\n"
     host.fake.set_netns_mode("Y")
     update = plugin.wait_for(lambda u: set(u.health().values()) == {"Unhealthy"}, 5, "all Unhealthy")
     assert "0000:3b:00.0" in update.ids()
+    deadline = time.monotonic() + 3
+    while ready.read_text() == "ready\n" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ready.read_text().startswith("not ready: ") and "exclusive" in ready.read_text(), ready.read_text()
     host.fake.set_netns_mode("N")
     plugin.wait_for(lambda u: set(u.health().values()) == {"Healthy"}, 5, "all Healthy again")
+    deadline = time.monotonic() + 3
+    while ready.read_text() != "ready\n" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ready.read_text() == "ready\n"
     # DEL: back on the host, state gone.
     (host.fake.sys / "class/infiniband_verbs/uverbs17").unlink()
     host.fake.add_pci_device("mlx5_1", "0000:3b:00.0", "ens2f0", numa_node=1)
