@@ -155,5 +155,12 @@ def test_a_rail_without_an_address_in_the_fabric_prefix_fails_with_the_fix(node:
         found = checks(doc)["Rails/rail 0 rdma0 range"]
         assert "no global IPv6 address within fd20::/16" in found["detail"] and "109" in found["detail"], found
         assert "rangeFromNodeAddress.within" in found["fix"] and "fabric.prefix" in found["fix"], found
+        # A rail with its own ipam ranges is static for ADD (rail_range_rule): no range to check.
+        node.entry["rails"] = [{"netdev": "eth0", "ifname": "rdma0",
+                                "ipam": {"type": "host-local", "ranges": [[{"subnet": "fd00:1::/64"}]]}}]
+        node.entry_file.write_text(json.dumps(node.entry))
+        assert cni_conf.insert(node.conf_dir, node.entry, cni_conf.State(node.record)) == "updated"
+        code, doc, text = node.status(netns=netns)
+        assert code == 0 and "Rails/rail 0 rdma0 range" not in checks(doc), text
     finally:
         subprocess.run(["ip", "netns", "delete", netns], check=False)

@@ -317,3 +317,37 @@ def test_the_watch_keeps_the_readiness_file_the_daemonsets_probe_reads(node, tmp
     assert watch.returncode == 0, log
     assert "not ready: on this node every RDMA pod's ADD would fail" in log and "\nrdma-netns cni-conf: ready" in log, log
 
+
+
+def test_readiness_follows_adds_rule_per_rail(node, tmp_path):
+    """A rail with its own ipam ranges is static for ADD (rail_range_rule): the readiness check and
+    `status` must not ask it for a node address either, and a rail's own rule wins over the
+    top-level one, as in ADD."""
+    from rdma_netns.admin import cni_conf
+    from tests.conftest import installed_executable
+
+    conf = rule_conf(node, rangeFromNodeAddress={"prefixLength": 112, "within": "fd00:10::/32"})
+    conf["rails"].append({"netdev": "rail1", "ifname": "rdma1",
+                          "ipam": {"type": "host-local", "ranges": [[{"subnet": "fd99:1::/64"}]]}})
+    give_node_address(node, "fd00:10::3:1/64")  # rail0 fits; rail1 has no fabric address at all
+    conf_dir, state = tmp_path / "net.d", cni_conf.State(tmp_path / "cni-conf")
+    conf_dir.mkdir()
+    (conf_dir / "10-bridge.conflist").write_text(json.dumps(
+        {"cniVersion": "1.0.0", "name": "pods", "plugins": [{"type": "bridge"}]}))
+    entry = {k: v for k, v in conf.items() if k not in ("cniVersion", "name")}
+    assert cni_conf.insert(conf_dir, entry, state) == "inserted"
+
+    def probe() -> subprocess.CompletedProcess:
+        return subprocess.run(["ip", "netns", "exec", node.name, installed_executable(), "cni-conf", "show",
+                               "--conf-dir", str(conf_dir), "--state-dir", str(tmp_path / "cni-conf"),
+                               "--require-entry", "--require-node-fit"], capture_output=True, text=True)
+
+    out = probe()
+    assert out.returncode == 0, out.stderr
+    # rail1's own rule (another prefix) is what ADD applies to it: no address there, not ready.
+    conf["rails"][1] = {"netdev": "rail1", "ifname": "rdma1", "ipam": {"type": "host-local"},
+                        "rangeFromNodeAddress": {"prefixLength": 112, "within": "fd00:20::/32"}}
+    entry = {k: v for k, v in conf.items() if k not in ("cniVersion", "name")}
+    cni_conf.insert(conf_dir, entry, state)
+    out = probe()
+    assert out.returncode == 1 and "rail 1: error 109" in out.stderr and "fd00:20::/32" in out.stderr, out.stderr

@@ -7,7 +7,7 @@ with rangeFromNodeAddress, this node's pod range, or the error ADD would give.
 from __future__ import annotations
 
 from rdma_netns import node_range, rails
-from rdma_netns.config.netconf import NetConfig
+from rdma_netns.config.netconf import NetConfig, rail_range_rule
 from rdma_netns.kernel.netlink import NetlinkSocket
 from rdma_netns.spec.errors import CniError
 
@@ -58,14 +58,21 @@ def chained(conf_dir: str) -> tuple[bool, list[str]]:
     doc = cni_conf.parse((Path(conf_dir) / primary).read_bytes(), primary)
     plugins = doc.get("plugins") if isinstance(doc.get("plugins"), list) else []
     ours = [p for p in plugins if isinstance(p, dict) and p.get("type") == cni_conf.PLUGIN_TYPE]
-    rule = ours[-1].get("rangeFromNodeAddress") if ours else None
-    if not isinstance(rule, dict):
+    if not ours:
+        return True, []
+    top = ours[-1].get("rangeFromNodeAddress")
+    entries = [r for r in ours[-1].get("rails") or [] if isinstance(r, dict)]
+    rules = [rail_range_rule(top, rail.get("rangeFromNodeAddress"), rail.get("ipam")) for rail in entries]
+    if not any(rules):
         return True, []
     ok, lines = True, []
     with NetlinkSocket() as sock:
         addresses = rtnl.list_addresses(sock, AF_INET6)
-        for index, rail in enumerate(ours[-1].get("rails") or []):
-            netdev = rail.get("netdev") if isinstance(rail, dict) else None
+        for index, (rail, rule) in enumerate(zip(entries, rules)):
+            netdev = rail.get("netdev")
+            if rule is None:
+                lines.append(f"  rail {index}: static (its own ipam ranges)")
+                continue
             if not isinstance(netdev, str):
                 continue
             master = Path("/sys/class/net", netdev, "master")

@@ -15,6 +15,7 @@ from _socket import AF_INET6
 from rdma_netns import gid_audit, mode_policy, node_range
 from rdma_netns.admin import mode as mode_cmd
 from rdma_netns.admin.status_context import FAIL, OK, WARN, Check, Context
+from rdma_netns.config.netconf import rail_range_rule
 from rdma_netns.kernel import rtnl
 from rdma_netns.kernel.netlink import NetlinkSocket
 from rdma_netns.kernel.rdma_devices import RdmaDevice
@@ -171,11 +172,12 @@ def rails(ctx: Context) -> list[Check]:
     out = [Check(g, "source", OK, f"{len(entries)} rail(s) from {source}")]
     if ctx.setting("linkLocal", True) is False:
         out.append(_no_link_local())
-    rule = ctx.setting("rangeFromNodeAddress")
+    top_rule = ctx.setting("rangeFromNodeAddress")
     for i, entry in enumerate(entries):
         check = _rail(ctx, i, entry)
         out.append(check)
-        if isinstance(rule, dict) and check.data and check.data.get("netdev"):
+        rule = rail_range_rule(top_rule, entry.get("rangeFromNodeAddress"), entry.get("ipam"))
+        if rule is not None and check.data and check.data.get("netdev"):
             out += _node_range(ctx, i, entry, check.data["netdev"], rule)
     return out
 

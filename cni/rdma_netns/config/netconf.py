@@ -16,6 +16,16 @@ from rdma_netns.config.defaults import (  # noqa: F401
 )
 
 
+def rail_range_rule(top: object, own: object, rail_ipam: object) -> dict | None:
+    """The rangeFromNodeAddress rule a rail follows: its own, else the top-level one unless the
+    rail's own ipam says where its addresses come from (ranges or subnet: a static rail). ADD,
+    `status` and the DaemonSet's readiness check all decide with this."""
+    if isinstance(own, dict):
+        return own
+    static = isinstance(rail_ipam, dict) and ("ranges" in rail_ipam or "subnet" in rail_ipam)
+    return top if isinstance(top, dict) and not static else None
+
+
 class RailConf:
     """One configured rail: a NIC named by exactly one of netdev, rdma_device, pci_address."""
 
@@ -74,13 +84,7 @@ class NetConfig:
         self.cdi_kind: str = d.get("cdiKind", "")
 
     def range_rule(self, entry: RailConf) -> dict | None:
-        """The rangeFromNodeAddress rule a rail follows: its own, else the top-level one unless the
-        rail's own ipam says where its addresses come from (ranges or subnet: a static rail)."""
-        if entry.node_range is not None:
-            return entry.node_range
-        if self.node_range is not None and not (entry.ipam and ("ranges" in entry.ipam or "subnet" in entry.ipam)):
-            return self.node_range
-        return None
+        return rail_range_rule(self.node_range, entry.node_range, entry.ipam)
 
     def teardown_settings(self) -> dict:
         """What DEL needs of the config to undo an attachment, recorded at ADD (state format 2)."""
