@@ -1,7 +1,7 @@
 """The Kubernetes manifests in conf/k8s: valid for the API server, and saying what they mean.
 
 Every document is checked against the Kubernetes OpenAPI schemas (kubernetes-validate, strict:
-unknown fields fail) for the oldest supported Kubernetes (1.28) and the newest the validator ships.
+unknown fields fail) for the oldest supported Kubernetes (1.29, the chart's kubeVersion) and the newest the validator ships.
 The NetworkAttachmentDefinition is a CRD the schemas do not cover: its config goes through the
 plugin's own check. Then the semantics: the Job needs no hostNetwork, the DaemonSet runs commands
 the daemon's own parser accepts with a config the daemon accepts, every mount has its volume, and
@@ -32,7 +32,7 @@ kubernetes_validate = pytest.importorskip(
     "kubernetes_validate", reason="pip install kubernetes-validate (a test dependency)")
 
 K8S = REPO / "conf" / "k8s"
-OLDEST_K8S = "1.28"
+OLDEST_K8S = "1.29"
 NAD_API = "k8s.cni.cncf.io/v1"
 
 
