@@ -18,7 +18,7 @@ import yaml
 from integration.cluster import manifests
 from integration.cluster.conftest import REPORT
 from integration.cluster.host_rdma import RAILS
-from integration.cluster.layout import HOST_NODE
+from integration.cluster.layout import HOST_NODE, REPO
 
 pytestmark = pytest.mark.cluster
 
@@ -125,6 +125,13 @@ def test_pod_security_baseline_refuses_the_job_and_privileged_admits_it(cluster,
             REPORT.append(f"Pod Security baseline refuses the seed's Job pod: {proc.stderr.strip()}")
         else:
             assert proc.returncode == 0, proc.stderr
+    # The chart's `helm test` pod asks for rdma/hca with no privilege: "restricted" admits it.
+    cluster.kubectl("create", "namespace", "psa-restricted")
+    cluster.kubectl("label", "namespace", "psa-restricted", "pod-security.kubernetes.io/enforce=restricted")
+    rendered = cluster.helm("template", "rdma-netns", str(REPO / "deploy" / "helm" / "rdma-netns"),
+                            "--namespace", "psa-restricted", "--show-only", "templates/tests/rails-check.yaml").stdout
+    proc = cluster.kubectl("create", "--dry-run=server", "-f", "-", stdin=rendered, check=False)
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_the_seed_job_without_host_network_gets_rails_devices_and_settings(cluster, installed):
