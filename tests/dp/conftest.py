@@ -186,7 +186,9 @@ def host() -> Iterator[Host]:
     h.close()
 
 
-@pytest.fixture(scope="session")
+# Package scope: the daemons poll their fake trees every 0.2 s (about a quarter of a core for the
+# shared one); with session scope they kept polling through every later suite of the test command.
+@pytest.fixture(scope="package")
 def shared_dp() -> Iterator[tuple[Host, Daemon, PluginConnection]]:
     """One daemon in shared mode for read-only tests (never mutate its host)."""
     h = Host("Y")
@@ -195,7 +197,7 @@ def shared_dp() -> Iterator[tuple[Host, Daemon, PluginConnection]]:
     h.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def exclusive_dp() -> Iterator[tuple[Host, Daemon, PluginConnection]]:
     """One daemon in exclusive mode for read-only tests (never mutate its host)."""
     h = Host("N")
