@@ -110,38 +110,31 @@ def stop(layout: Layout, name: str, timeout: float = 20.0) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-def processes_inside(layout: Layout) -> list[int]:
-    """Every process in the cluster's mount namespace (daemons, shims, containers' processes)."""
+def _processes_in(kind: str, bound_at: Path) -> list[int]:
+    """Every process (but this one) whose `kind` namespace (mnt, net) is the one bound at bound_at."""
     try:
-        ours = os.stat(layout.mount_ns).st_ino
+        ours = os.stat(bound_at).st_ino
     except OSError:
         return []
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                if os.stat(f"/proc/{entry}/ns/mnt").st_ino == ours and int(entry) != os.getpid():
+                if os.stat(f"/proc/{entry}/ns/{kind}").st_ino == ours and int(entry) != os.getpid():
                     found.append(int(entry))
             except OSError:
                 pass
     return found
+
+
+def processes_inside(layout: Layout) -> list[int]:
+    """Every process in the cluster's mount namespace (daemons, shims, containers' processes)."""
+    return _processes_in("mnt", layout.mount_ns)
 
 
 def processes_in_netns(netns_path: Path) -> list[int]:
     """Every process in the network namespace bound at netns_path (daemons, qemu of guest nodes)."""
-    try:
-        ours = os.stat(netns_path).st_ino
-    except OSError:
-        return []
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.stat(f"/proc/{entry}/ns/net").st_ino == ours:
-                    found.append(int(entry))
-            except OSError:
-                pass
-    return found
+    return _processes_in("net", netns_path)
 
 
 def owner_of_netns(netns_path: Path, roots: list[Path]) -> Path | None:

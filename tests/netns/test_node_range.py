@@ -239,33 +239,41 @@ def test_check_config_node_shows_this_node_range_or_why_not(node, tmp_path):
     assert "fd00:11::3:2-fd00:11::3:ffff" in out.stdout
 
 
+def chain_into_bridge(tmp_path: Path, conf: dict) -> tuple[Path, object]:
+    """A primary conflist (bridge) in tmp_path/net.d with the config's entry chained into it."""
+    from rdma_netns.admin import cni_conf
+
+    conf_dir, state = tmp_path / "net.d", cni_conf.State(tmp_path / "cni-conf")
+    conf_dir.mkdir(exist_ok=True)
+    (conf_dir / "10-bridge.conflist").write_text(json.dumps(
+        {"cniVersion": "1.0.0", "name": "pods", "plugins": [{"type": "bridge"}]}))
+    entry = {k: v for k, v in conf.items() if k not in ("cniVersion", "name")}
+    assert cni_conf.insert(conf_dir, entry, state) in ("inserted", "updated")
+    return conf_dir, state
+
+
+def readiness(node, tmp_path: Path) -> subprocess.CompletedProcess:
+    """`cni-conf show --require-entry --require-node-fit` on the node, as a probe runs it."""
+    from tests.conftest import installed_executable
+
+    return subprocess.run(["ip", "netns", "exec", node.name, installed_executable(), "cni-conf", "show",
+                           "--conf-dir", str(tmp_path / "net.d"), "--state-dir", str(tmp_path / "cni-conf"),
+                           "--require-entry", "--require-node-fit"], capture_output=True, text=True)
+
+
 def test_the_sidecars_readiness_probe_fails_until_the_entry_fits_this_node(node, tmp_path):
     """`cni-conf show --require-node-fit` (the DaemonSet's cni-conf-watch readiness probe): the
     entry chained into the primary resolves on this node as ADD would, or the pod is not Ready.
     A fabric on another prefix than rangeFromNodeAddress.within is the case it exists for."""
-    from rdma_netns.admin import cni_conf
-    from tests.conftest import installed_executable
-
     conf = rule_conf(node, rangeFromNodeAddress={"prefixLength": 112, "within": "fd00:10::/32"})
-    entry = {k: v for k, v in conf.items() if k not in ("cniVersion", "name")}
     give_node_address(node, "fd20:10::3:1/64")  # the node's address on another fabric prefix
-    conf_dir, state = tmp_path / "net.d", cni_conf.State(tmp_path / "cni-conf")
-    conf_dir.mkdir()
-    (conf_dir / "10-bridge.conflist").write_text(json.dumps(
-        {"cniVersion": "1.0.0", "name": "pods", "plugins": [{"type": "bridge"}]}))
-    assert cni_conf.insert(conf_dir, entry, state) == "inserted"
-
-    def probe() -> subprocess.CompletedProcess:
-        return subprocess.run(["ip", "netns", "exec", node.name, installed_executable(), "cni-conf", "show",
-                               "--conf-dir", str(conf_dir), "--state-dir", str(tmp_path / "cni-conf"),
-                               "--require-entry", "--require-node-fit"], capture_output=True, text=True)
-
-    out = probe()
+    chain_into_bridge(tmp_path, conf)
+    out = readiness(node, tmp_path)
     assert out.returncode == 1, out.stdout + out.stderr
     assert "not ready: on this node every RDMA pod's ADD would fail" in out.stderr
     assert "error 109: rail rail0 has no global IPv6 address within fd00:10::/32" in out.stderr, out.stderr
     give_node_address(node, "fd00:10::3:1/64")
-    out = probe()
+    out = readiness(node, tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -323,31 +331,16 @@ def test_readiness_follows_adds_rule_per_rail(node, tmp_path):
     """A rail with its own ipam ranges is static for ADD (rail_range_rule): the readiness check and
     `status` must not ask it for a node address either, and a rail's own rule wins over the
     top-level one, as in ADD."""
-    from rdma_netns.admin import cni_conf
-    from tests.conftest import installed_executable
-
     conf = rule_conf(node, rangeFromNodeAddress={"prefixLength": 112, "within": "fd00:10::/32"})
     conf["rails"].append({"netdev": "rail1", "ifname": "rdma1",
                           "ipam": {"type": "host-local", "ranges": [[{"subnet": "fd99:1::/64"}]]}})
     give_node_address(node, "fd00:10::3:1/64")  # rail0 fits; rail1 has no fabric address at all
-    conf_dir, state = tmp_path / "net.d", cni_conf.State(tmp_path / "cni-conf")
-    conf_dir.mkdir()
-    (conf_dir / "10-bridge.conflist").write_text(json.dumps(
-        {"cniVersion": "1.0.0", "name": "pods", "plugins": [{"type": "bridge"}]}))
-    entry = {k: v for k, v in conf.items() if k not in ("cniVersion", "name")}
-    assert cni_conf.insert(conf_dir, entry, state) == "inserted"
-
-    def probe() -> subprocess.CompletedProcess:
-        return subprocess.run(["ip", "netns", "exec", node.name, installed_executable(), "cni-conf", "show",
-                               "--conf-dir", str(conf_dir), "--state-dir", str(tmp_path / "cni-conf"),
-                               "--require-entry", "--require-node-fit"], capture_output=True, text=True)
-
-    out = probe()
+    chain_into_bridge(tmp_path, conf)
+    out = readiness(node, tmp_path)
     assert out.returncode == 0, out.stderr
     # rail1's own rule (another prefix) is what ADD applies to it: no address there, not ready.
     conf["rails"][1] = {"netdev": "rail1", "ifname": "rdma1", "ipam": {"type": "host-local"},
                         "rangeFromNodeAddress": {"prefixLength": 112, "within": "fd00:20::/32"}}
-    entry = {k: v for k, v in conf.items() if k not in ("cniVersion", "name")}
-    cni_conf.insert(conf_dir, entry, state)
-    out = probe()
+    chain_into_bridge(tmp_path, conf)
+    out = readiness(node, tmp_path)
     assert out.returncode == 1 and "rail 1: error 109" in out.stderr and "fd00:20::/32" in out.stderr, out.stderr
