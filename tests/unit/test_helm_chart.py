@@ -165,6 +165,59 @@ def test_a_config_change_rolls_the_pods_and_an_image_change_alone_does_not_chang
     assert checksum("--set", f"image.digest={DIGEST}") == base
 
 
+# --- metrics: the proxy and the ServiceMonitor --------------------------------------------------------
+
+PROXY = ["--set", "metrics.proxy.enabled=true", "--set", f"metrics.proxy.image=quay.io/brancz/kube-rbac-proxy@{DIGEST}"]
+
+
+def test_the_metrics_proxy_forwards_to_the_daemon_and_may_check_tokens(helm):
+    """docs/metrics.md's proxy: the daemon's loopback /metrics behind kube-rbac-proxy on the node's
+    address; the pod gets a token only then, and its ServiceAccount only TokenReview and
+    SubjectAccessReview."""
+    docs = render(helm, *PROXY, "--set", "metrics.port=9555")
+    pod = by_kind([d for d in docs if d["kind"] == "DaemonSet"])["DaemonSet"]["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is True and pod["serviceAccountName"] == "rdma-netns-dp"
+    proxy = next(c for c in pod["containers"] if c["name"] == "kube-rbac-proxy")
+    assert "--upstream=http://127.0.0.1:9555/" in proxy["args"] and "--allow-paths=/metrics" in proxy["args"]
+    assert "--secure-listen-address=$(NODE_IP):9479" in proxy["args"]
+    assert proxy["ports"] == [{"name": "metrics", "containerPort": 9479}]
+    assert proxy["securityContext"]["capabilities"] == {"drop": ["ALL"]} and proxy["securityContext"]["runAsUser"] != 0
+    (role,) = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-metrics-proxy")]
+    assert {(r["apiGroups"][0], r["resources"][0], tuple(r["verbs"])) for r in role["rules"]} == {
+        ("authentication.k8s.io", "tokenreviews", ("create",)), ("authorization.k8s.io", "subjectaccessreviews", ("create",))}
+    (binding,) = [d for d in docs if d["kind"] == "ClusterRoleBinding"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "rdma-netns-dp", "namespace": "kube-system"}]
+    for version in ("1.29", kubernetes_validate.latest_version()):
+        for doc in docs:
+            kubernetes_validate.validate(doc, version, strict=True)
+    default = by_kind(render(helm))["DaemonSet"]["spec"]["template"]["spec"]
+    assert default["automountServiceAccountToken"] is False and "serviceAccountName" not in default
+
+
+def test_the_service_monitor_scrapes_the_proxies_of_this_release(helm):
+    docs = render(helm, *PROXY, "--set", "metrics.serviceMonitor.enabled=true", "--set", "pool=lag",
+                  "-f", str(LAG_VALUES))
+    kinds = {d["kind"]: d for d in docs}
+    service, monitor, ds = kinds["Service"], kinds["ServiceMonitor"], kinds["DaemonSet"]
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["selector"] == ds["spec"]["selector"]["matchLabels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] == service["spec"]["ports"][0]["name"] == "metrics" and endpoint["scheme"] == "https"
+    for doc in (service,):
+        kubernetes_validate.validate(doc, kubernetes_validate.latest_version(), strict=True)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--set", "metrics.serviceMonitor.enabled=true"], "metrics.serviceMonitor.enabled needs metrics.proxy.enabled"),
+    (["--set", "metrics.proxy.enabled=true"], "metrics.proxy.image: the kube-rbac-proxy image, pinned by digest"),
+    ([*PROXY, "--set", "metrics.port=0"], "metrics.proxy.enabled needs metrics.port"),
+], ids=["monitor-without-proxy", "proxy-without-image", "proxy-without-metrics"])
+def test_a_metrics_setting_that_cannot_work_is_refused_with_its_reason(helm, args, message):
+    proc = subprocess.run([helm, "template", "rel", str(CHART), *args], capture_output=True, text=True)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+
+
 # --- helm test -----------------------------------------------------------------------------------
 
 def helm_test_pod(docs: list[dict]) -> dict:
