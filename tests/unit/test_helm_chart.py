@@ -353,3 +353,28 @@ def test_the_configuration_reference_names_every_value_with_its_default():
         elif isinstance(value, list) and not value:
             assert cell == "`[]`", name
 
+
+def test_helm_test_runs_the_two_pod_rdma_check_when_given_an_image(helm):
+    """test.rdmaCheck.image adds conf/k8s/rdma-check.yaml's Service and Job as test hooks (the
+    Service first), on the release's nodes; without an image there is nothing to run it with."""
+    image = "registry.example.com/ml/perftest:1"
+    assert "Job" not in {d["kind"] for d in render(helm)}
+    docs = render(helm, "--set", f"test.rdmaCheck.image={image}", "--set", "pool=lag", "-f", str(LAG_VALUES))
+    kinds = {d["kind"]: d for d in docs}
+    service, job, ds = kinds["Service"], kinds["Job"], kinds["DaemonSet"]
+    assert job["metadata"]["name"] == service["metadata"]["name"] == "rdma-check-lag"
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == service["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert int(service["metadata"]["annotations"]["helm.sh/hook-weight"]) < int(
+        job["metadata"]["annotations"].get("helm.sh/hook-weight", "0"))
+    pod = job["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == ds["spec"]["template"]["spec"]["nodeSelector"]
+    assert "nodeAffinity" not in pod["affinity"]  # a pool's nodes carry the pool label
+    (check,) = pod["containers"]
+    assert check["image"] == image
+    plain = [d for d in yaml.safe_load_all((REPO / "conf" / "k8s" / "rdma-check.yaml").read_text()) if d]
+    assert [d["kind"] for d in plain] == ["Service", "Job"] and all("annotations" not in d["metadata"] for d in plain)
+    (plain_check,) = [d for d in plain if d["kind"] == "Job"][0]["spec"]["template"]["spec"]["containers"]
+    assert plain_check["command"] == check["command"]  # one script: files/rdma-check.sh
+    for doc in docs:
+        kubernetes_validate.validate(doc, kubernetes_validate.latest_version(), strict=True)
+
