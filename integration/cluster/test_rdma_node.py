@@ -53,9 +53,8 @@ def image_values(image) -> list[str]:
 
 
 def lag_values(image, rails: list[dict]) -> list[str]:
-    """The LAG pool's values file, this cluster's rail names, and probe timeouts for a node under
-    software emulation (one Python probe takes longer than 5 s there, the daemon's 1 s loop longer
-    than 10 s: docs/testing.md)."""
+    """The LAG pool's values file, this cluster's rail names, and probe limits for a node under
+    software emulation (the daemon's 1 s loop can take longer than 10 s there: docs/testing.md)."""
     return ["--set", "pool=lag", "-f", str(LAG_VALUES), "--set-json", f"rails={json.dumps(rails)}",
             "--set", "devicePlugin.probeTimeoutSeconds=90", "--set", "devicePlugin.healthMaxAgeSeconds=120",
             *image_values(image)]
