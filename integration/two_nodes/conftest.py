@@ -155,7 +155,10 @@ def global_address(result: dict, rail: int) -> str:
     return next(ip["address"].split("/")[0] for ip in result["ips"] if ip.get("interface") == iface)
 
 
-@pytest.fixture(scope="session")
+# Package scope: the two guests go down when this folder's tests are done. Idle under software
+# emulation they still take about an eighth of a core each, which the later suites (the real
+# cluster's emulated node above all) need.
+@pytest.fixture(scope="package")
 def two_nodes(tmp_path_factory):
     if not KERNEL_ENV.exists():
         message = f"no guest kernel ({KERNEL_ENV} missing): run sudo integration/guest/fetch-kernel.sh"
