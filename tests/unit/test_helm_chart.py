@@ -378,3 +378,66 @@ def test_helm_test_runs_the_two_pod_rdma_check_when_given_an_image(helm):
     for doc in docs:
         kubernetes_validate.validate(doc, kubernetes_validate.latest_version(), strict=True)
 
+
+
+# --- containerd's CDI setting in the readiness check ---------------------------------------------------
+
+CDI_OFF = 'version = 2\n[plugins."io.containerd.grpc.v1.cri"]\n  sandbox_image = "pause"\n'
+CDI_ON = 'version = 2\n[plugins."io.containerd.grpc.v1.cri"]\n  enable_cdi = true\n'
+
+
+def test_readiness_problems_name_containerd_with_cdi_off(tmp_path: Path):
+    from rdma_netns.admin import cni_conf, cni_conf_ready
+
+    conf_dir, state = tmp_path / "net.d", cni_conf.State(tmp_path / "state")
+    conf_dir.mkdir()
+    config = tmp_path / "config.toml"
+    config.write_text(CDI_OFF)
+    (found,) = cni_conf_ready.problems(conf_dir, state, entry=False, node_fit=False, containerd_config=str(config))
+    assert "enable_cdi not set (off by default)" in found and "enable_cdi = true" in found, found
+    config.write_text(CDI_ON)
+    assert cni_conf_ready.problems(conf_dir, state, entry=False, node_fit=False, containerd_config=str(config)) == []
+    config.unlink()  # CRI-O or containerd 2.x nodes have no such file: nothing to say
+    assert cni_conf_ready.problems(conf_dir, state, entry=False, node_fit=False, containerd_config=str(config)) == []
+
+
+def test_the_sidecar_is_not_ready_while_containerd_has_cdi_off(helm, tmp_path: Path):
+    """runtime.containerdConfigDir: the sidecar mounts that folder and its watch says not ready
+    while containerd's config has CDI off (pods would get no NCCL/UCX settings); the chart's probe
+    reads the answer. Off by default (the plain manifests do not mount it)."""
+    from tests.conftest import installed_executable
+    from tests.unit.test_manifests import FileProbe, container
+
+    docs = render(helm, "--set", "runtime.containerdConfigDir=/etc/containerd")
+    pod = by_kind(docs)["DaemonSet"]["spec"]["template"]["spec"]
+    watch = container(pod, "cni-conf-watch")
+    volume = {v["name"]: v for v in pod["volumes"]}["containerd-config"]
+    assert volume["hostPath"] == {"path": "/etc/containerd", "type": "Directory"}
+    assert {"name": "containerd-config", "mountPath": "/host/containerd", "readOnly": True} in watch["volumeMounts"]
+    default = by_kind(render(helm))["DaemonSet"]["spec"]["template"]["spec"]
+    assert "containerd-config" not in {v["name"] for v in default["volumes"]}
+    host, config, ready = tmp_path / "host", tmp_path / "config", tmp_path / "ready"
+    (host / "etc" / "cni" / "net.d").mkdir(parents=True)
+    (host / "containerd").mkdir()
+    (host / "containerd" / "config.toml").write_text(CDI_OFF)
+    config.mkdir()
+    for key, value in by_kind(docs)["ConfigMap"]["data"].items():
+        (config / key).write_text(value)
+    (host / "etc" / "cni" / "net.d" / "10-bridge.conflist").write_text(json.dumps(
+        {"cniVersion": "1.0.0", "name": "pods", "plugins": [{"type": "bridge"}]}))
+    probe = FileProbe(watch["readinessProbe"], ready)
+    script = (watch["command"][2].replace("/host/", f"{host}/").replace("/etc/rdma-netns/", f"{config}/")
+              .replace(probe.file, str(ready)))
+    env = {"PATH": f"{os.path.dirname(installed_executable())}:/usr/bin:/bin", "RDMA_FOR_NON_HOSTNETWORK_PODS": "true"}
+    proc = subprocess.Popen(["/bin/sh", "-ec", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.stdout else ""
+            time.sleep(0.05)
+        out = probe.run(env)
+        assert out.returncode == 1 and "enable_cdi not set (off by default)" in out.stdout, out.stdout
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)

@@ -142,7 +142,8 @@ def _cni_conf(args: argparse.Namespace) -> int:
             if args.ready_file:
                 from rdma_netns.admin.cni_conf_ready import ReadyFile
 
-                ready = ReadyFile(args.ready_file, conf_dir, state, args.ready_interval).update
+                ready = ReadyFile(args.ready_file, conf_dir, state, args.ready_interval,
+                                  args.containerd_config).update
             return cni_conf.watch(conf_dir, entry, state, args.interval, args.keep_on_exit, ready)
         info = cni_conf.show(conf_dir, state)
         if args.json:
@@ -154,13 +155,14 @@ def _cni_conf(args: argparse.Namespace) -> int:
             print(f"tracked: {'yes' if info['tracked'] else 'no'}")
             if info["runtimeUses"] != info["primary"]:
                 print(f"note: the runtime uses {info['runtimeUses']} (it sorts first)")
-        if args.require_entry or args.require_node_fit:
+        if args.require_entry or args.require_node_fit or args.containerd_config:
             # A readiness probe (a DaemonSet's reads `watch --ready-file` instead): pods started now
             # would get no rails, or every RDMA pod's ADD would fail while the node looks healthy.
             from rdma_netns.admin import cni_conf_ready
 
             found = cni_conf_ready.problems(conf_dir, state, entry=args.require_entry,
-                                            node_fit=args.require_node_fit)
+                                            node_fit=args.require_node_fit,
+                                            containerd_config=args.containerd_config)
             if found:
                 cni_conf.log("not ready: " + "\n".join(found))
                 return 1
@@ -231,6 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-on-exit", action="store_true", help="watch: leave the entry in place on SIGTERM")
     p.add_argument("--ready-file", help="watch: keep this file saying `ready` or `not ready: why` (the checks of "
                    "--require-entry --require-node-fit), for a probe that reads it with the shell")
+    p.add_argument("--containerd-config", help="watch --ready-file and show: not ready while this containerd "
+                   "config has CDI off (pods would get no NCCL/UCX settings)")
     p.add_argument("--ready-interval", type=float, default=10.0,
                    help="watch: seconds between readiness checks when nothing changed (default 10)")
     p.add_argument("--json", action="store_true", help="show: print JSON")

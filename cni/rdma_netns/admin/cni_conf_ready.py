@@ -9,11 +9,20 @@ import time
 from pathlib import Path
 
 from rdma_netns import probe_file
-from rdma_netns.admin import cni_conf, node_check
+from rdma_netns.admin import cni_conf, node_check, runtime_cdi
 
 
-def problems(conf_dir: Path, state: cni_conf.State, *, entry: bool = True, node_fit: bool = True) -> list[str]:
-    """Why pods started now would get no rails (empty: they would get them)."""
+def problems(conf_dir: Path, state: cni_conf.State, *, entry: bool = True, node_fit: bool = True,
+             containerd_config: str | None = None) -> list[str]:
+    """Why pods started now would get no rails, or no NCCL/UCX settings with them (empty: they
+    would get both). containerd_config: check that containerd passes CDI devices."""
+    if containerd_config:
+        try:
+            cdi = runtime_cdi.containerd(containerd_config)
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            return [f"cannot read containerd's config {containerd_config}: {exc}"]
+        if cdi is not None and not cdi.enabled:
+            return [cdi.problem()]
     if entry:
         info = cni_conf.show(conf_dir, state)
         if not (info["entry"] and info["runtimeUses"] == info["primary"]):
@@ -30,8 +39,10 @@ class ReadyFile:
     """Rewrites the readiness file after the watch acted and at least every `every` seconds (its
     age tells the probe the watch is alive); logs each change of the answer once."""
 
-    def __init__(self, path: str, conf_dir: Path, state: cni_conf.State, every: float) -> None:
+    def __init__(self, path: str, conf_dir: Path, state: cni_conf.State, every: float,
+                 containerd_config: str | None = None) -> None:
         self.path, self.conf_dir, self.state, self.every = path, conf_dir, state, every
+        self.containerd_config = containerd_config
         self._last_time = float("-inf")
         self._last_text: str | None = None
 
@@ -39,7 +50,7 @@ class ReadyFile:
         if not acted and time.monotonic() - self._last_time < self.every:
             return
         try:
-            found = problems(self.conf_dir, self.state)
+            found = problems(self.conf_dir, self.state, containerd_config=self.containerd_config)
         except (cni_conf.CniConfError, OSError) as exc:
             found = [f"cannot check: {exc}"]
         text = probe_file.render(found)

@@ -14,6 +14,7 @@ import tomllib
 
 from rdma_netns import __version__
 from rdma_netns.admin import cni_conf
+from rdma_netns.admin import runtime_cdi as runtime_cdi_setting
 from rdma_netns.admin.status_context import FAIL, OK, WARN, Check, Context
 from rdma_netns.admin.uninstall import LAUNCHER_MARK
 
@@ -89,39 +90,23 @@ def chained_entry(ctx: Context) -> list[Check]:
     return [Check(g, name, OK, f"{at}, {how}" + "".join(f"; {n}" for n in notes), data=data)]
 
 
-# containerd's config layouts: (config version, plugin section, enable_cdi's default)
-CONTAINERD_CRI = {1: ("cri", False), 2: ("io.containerd.grpc.v1.cri", False), 3: ("io.containerd.cri.v1.runtime", True)}
-
-
 def runtime_cdi(ctx: Context) -> list[Check]:
     """containerd passes the CDI devices kubelet names (a pod's NCCL/UCX settings, rails.json) only
-    with enable_cdi on: off by default in 1.7, on in 2.x; CRI-O always has it."""
+    with enable_cdi on (runtime_cdi.py)."""
     g, name, path = "Runtime", "CDI", ctx.opts.containerd_config
     try:
-        with open(path, "rb") as f:
-            doc = tomllib.loads(f.read().decode())
-    except FileNotFoundError:
-        return [Check(g, name, OK, f"not checked: no containerd config at {path} (CRI-O and containerd 2.x have "
-                      "CDI on; containerd 1.7 without a config file has it off)")]
+        found = runtime_cdi_setting.containerd(path)
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         return [Check(g, name, WARN, f"cannot read {path}: {exc}", "check that the file is containerd's config")]
-    version = doc.get("version", 1)
-    section, default = CONTAINERD_CRI.get(version, CONTAINERD_CRI[3] if isinstance(version, int) and version > 3
-                                          else CONTAINERD_CRI[2])
-    plugins = doc.get("plugins") if isinstance(doc.get("plugins"), dict) else {}
-    cri = plugins.get(section) if isinstance(plugins.get(section), dict) else {}
-    value = cri.get("enable_cdi", default)
-    where = f'[plugins."{section}"]'
-    data = {"config": path, "version": version, "section": section, "enable_cdi": value}
-    if value is True:
-        return [Check(g, name, OK, f"{path}: enable_cdi on ({where})", data=data)]
+    if found is None:
+        return [Check(g, name, OK, f"not checked: no containerd config at {path} (CRI-O and containerd 2.x have "
+                      "CDI on; containerd 1.7 without a config file has it off)")]
+    data = {"config": path, "version": found.version, "section": found.section, "enable_cdi": found.enabled}
+    if found.enabled:
+        return [Check(g, name, OK, f"{path}: enable_cdi on ({found.where})", data=data)]
     state = FAIL if ctx.config is not None else WARN
-    said = "not set (off by default)" if "enable_cdi" not in cri else f"= {json.dumps(value)}"
-    return [Check(g, name, state, f"{path}: enable_cdi {said} in {where}: pods granted rdma/hca get their char "
-                  "devices, not their NCCL/UCX settings or /etc/rdma-netns/rails.json (NCCL then guesses its GID "
-                  "index)", f"set `enable_cdi = true` and `cdi_spec_dirs = [\"/etc/cdi\", \"/var/run/cdi\"]` under "
-                  f"{where} in {path} (containerd 1.7 or later), then restart containerd (running pods keep "
-                  "running)", data)]
+    detail, fix = found.problem().split("; set ", 1)
+    return [Check(g, name, state, detail + " (NCCL then guesses its GID index)", "set " + fix, data)]
 
 
 def launcher(ctx: Context) -> list[Check]:

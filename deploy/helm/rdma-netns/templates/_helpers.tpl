@@ -101,3 +101,8 @@ exec:
 {{- end -}}
 {{- join " " $names -}}
 {{- end -}}
+
+{{/* "true" when the sidecar checks containerd's CDI setting: a folder given, and CDI in use. */}}
+{{- define "rdma-netns.checkCdi" -}}
+{{- if and .Values.runtime.containerdConfigDir .Values.devicePlugin.podCdi .Values.rdmaForNonHostNetworkPods -}}true{{- end -}}
+{{- end -}}
