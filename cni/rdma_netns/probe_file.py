@@ -30,11 +30,3 @@ def write(path: str, problems: list[str]) -> None:
     """Rewrite the file whole (its mtime is the writer's heartbeat); readable by any user."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     fsutil.write_atomic(path, render(problems).encode(), 0o644)
-
-
-def read(path: str) -> str | None:
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError:
-        return None

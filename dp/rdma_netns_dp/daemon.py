@@ -259,8 +259,10 @@ class Daemon:
         self.kubelet.close()
         if self.config.healthFile:
             fsutil.remove(self.config.healthFile)
+            fsutil.remove(ready_file(self.config.healthFile))
 
 
 def ready_file(health_file: str) -> str:
-    """The readiness file lives next to the health file: `ready` once every resource is registered."""
+    """The readiness file lives next to the health file: `ready` once every resource is registered
+    and the kernel's RDMA netns mode is the one the config needs."""
     return os.path.join(os.path.dirname(health_file) or ".", "ready")

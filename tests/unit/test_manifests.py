@@ -610,6 +610,7 @@ def test_the_daemon_starts_with_the_configmap_config_and_its_probe_passes(tmp_pa
         shutil.rmtree(kubelet, ignore_errors=True)
     assert proc.returncode == 0
     assert live.run().returncode == 1  # the daemon removed its health file: the probe fails
+    assert "not written yet" in readiness.run().stdout  # and its ready file
 
 
 # --- the init container's install script ------------------------------------------------------------

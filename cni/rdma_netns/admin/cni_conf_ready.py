@@ -14,25 +14,28 @@ from rdma_netns.admin import cni_conf, node_check, runtime_cdi
 
 def problems(conf_dir: Path, state: cni_conf.State, *, entry: bool = True, node_fit: bool = True,
              containerd_config: str | None = None) -> list[str]:
-    """Why pods started now would get no rails, or no NCCL/UCX settings with them (empty: they
-    would get both). containerd_config: check that containerd passes CDI devices."""
+    """Why pods started now would get no rails, or no NCCL/UCX settings with them, every reason
+    found (empty: they would get both). containerd_config: check that containerd passes CDI devices."""
+    found: list[str] = []
     if containerd_config:
         try:
             cdi = runtime_cdi.containerd(containerd_config)
         except (OSError, UnicodeDecodeError, ValueError) as exc:
-            return [f"cannot read containerd's config {containerd_config}: {exc}"]
-        if cdi is not None and not cdi.enabled:
-            return [cdi.problem()]
+            found.append(f"cannot read containerd's config {containerd_config}: {exc}")
+        else:
+            if cdi is not None and not cdi.enabled:
+                found.append(cdi.problem())
     if entry:
         info = cni_conf.show(conf_dir, state)
         if not (info["entry"] and info["runtimeUses"] == info["primary"]):
-            return [f"no {cni_conf.PLUGIN_TYPE} entry in the CNI config the runtime uses "
-                    f"({info['runtimeUses'] or 'none yet'} in {conf_dir})"]
+            # Nothing chained: the node-fit check has no entry to judge.
+            return [*found, f"no {cni_conf.PLUGIN_TYPE} entry in the CNI config the runtime uses "
+                            f"({info['runtimeUses'] or 'none yet'} in {conf_dir})"]
     if node_fit:
         fits, lines = node_check.chained(str(conf_dir))
         if not fits:
-            return ["on this node every RDMA pod's ADD would fail:", *lines]
-    return []
+            found += ["on this node every RDMA pod's ADD would fail:", *lines]
+    return found
 
 
 class ReadyFile:

@@ -28,12 +28,20 @@ class CdiSetting:
     def where(self) -> str:
         return f'[plugins."{self.section}"]'
 
-    def problem(self) -> str:
-        """What a node with CDI off loses, and the fix."""
+    @property
+    def loss(self) -> str:
+        """What a node with CDI off loses."""
         return (f"{self.path}: enable_cdi {self.said} in {self.where}: pods granted rdma/hca get their char "
-                "devices, not their NCCL/UCX settings or /etc/rdma-netns/rails.json; set `enable_cdi = true` and "
-                f"`cdi_spec_dirs = [\"/etc/cdi\", \"/var/run/cdi\"]` under {self.where} in {self.path}, then "
-                "restart containerd (running pods keep running)")
+                "devices, not their NCCL/UCX settings or /etc/rdma-netns/rails.json")
+
+    @property
+    def fix(self) -> str:
+        return (f"set `enable_cdi = true` and `cdi_spec_dirs = [\"/etc/cdi\", \"/var/run/cdi\"]` under {self.where} "
+                f"in {self.path} (containerd 1.7 or later), then restart containerd (running pods keep running)")
+
+    def problem(self) -> str:
+        """What a node with CDI off loses, and the fix, as one line (a readiness file's)."""
+        return f"{self.loss}; {self.fix}"
 
 
 def containerd(path: str) -> CdiSetting | None:

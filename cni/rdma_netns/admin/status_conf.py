@@ -105,8 +105,7 @@ def runtime_cdi(ctx: Context) -> list[Check]:
     if found.enabled:
         return [Check(g, name, OK, f"{path}: enable_cdi on ({found.where})", data=data)]
     state = FAIL if ctx.config is not None else WARN
-    detail, fix = found.problem().split("; set ", 1)
-    return [Check(g, name, state, detail + " (NCCL then guesses its GID index)", "set " + fix, data)]
+    return [Check(g, name, state, f"{found.loss} (NCCL then guesses its GID index)", found.fix, data)]
 
 
 def launcher(ctx: Context) -> list[Check]:
