@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerate the protobuf/gRPC Python modules from the .proto files of both packages:
-#   dp/rdma_netns_dp/api/         the device plugin's own kubelet APIs (deviceplugin, pluginregistration)
+#   dp/rdma_netns_dp/api/         the daemon's own kubelet APIs (deviceplugin, pluginregistration, DRA, DRA health)
 #   cni/rdma_netns/kubelet/api/   kubelet's PodResources API, below both packages (the CNI's kubelet
 #                                 fallback and the device plugin both use it)
 # Each .proto is compiled from its package's root (-I dp, -I cni), so the generated import lines
@@ -16,5 +16,6 @@ gen() {  # gen PACKAGE_ROOT PROTO...
     (cd "$root/$src" && "$PY" -m grpc_tools.protoc -I . --python_out=. --pyi_out=. --grpc_python_out=. "$proto")
   done
 }
-gen dp rdma_netns_dp/api/deviceplugin/v1beta1/api.proto rdma_netns_dp/api/pluginregistration/v1/api.proto
+gen dp rdma_netns_dp/api/deviceplugin/v1beta1/api.proto rdma_netns_dp/api/pluginregistration/v1/api.proto \
+  rdma_netns_dp/api/dra/v1/api.proto rdma_netns_dp/api/drahealth/v1/api.proto
 gen cni rdma_netns/kubelet/api/podresources/v1/api.proto

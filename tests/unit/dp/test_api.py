@@ -15,6 +15,8 @@ import pytest
 
 from rdma_netns.kubelet.api.podresources.v1 import api_pb2 as pr
 from rdma_netns_dp.api.deviceplugin.v1beta1 import api_pb2 as dp
+from rdma_netns_dp.api.dra.v1 import api_pb2 as dra
+from rdma_netns_dp.api.drahealth.v1 import api_pb2 as drahealth
 from rdma_netns_dp.api.pluginregistration.v1 import api_pb2 as reg
 
 REPO = Path(__file__).resolve().parents[3]
@@ -46,6 +48,23 @@ REGISTRATION_FIELDS = [
     ("RegistrationStatus", "error", 2),
 ]
 
+# k8s.io/kubelet v0.37.2 pkg/apis/dra/v1 and dra-health/v1: (message, field name, number).
+DRA_FIELDS = [
+    ("NodePrepareResourcesRequest", "claims", 1), ("NodePrepareResourcesResponse", "claims", 1),
+    ("NodePrepareResourceResponse", "devices", 1), ("NodePrepareResourceResponse", "error", 2),
+    ("Device", "request_names", 1), ("Device", "pool_name", 2), ("Device", "device_name", 3),
+    ("Device", "cdi_device_ids", 4), ("Device", "share_id", 5),
+    ("NodeUnprepareResourcesRequest", "claims", 1), ("NodeUnprepareResourcesResponse", "claims", 1),
+    ("NodeUnprepareResourceResponse", "error", 1),
+    ("Claim", "namespace", 1), ("Claim", "uid", 2), ("Claim", "name", 3),
+]
+DRA_HEALTH_FIELDS = [
+    ("DeviceIdentifier", "pool_name", 1), ("DeviceIdentifier", "device_name", 2),
+    ("DeviceHealth", "device", 1), ("DeviceHealth", "health", 2), ("DeviceHealth", "last_updated_time", 3),
+    ("DeviceHealth", "health_check_timeout_seconds", 4), ("DeviceHealth", "message", 5),
+    ("NodeWatchResourcesResponse", "devices", 1),
+]
+
 # kubelet's k8s.io/kubelet/pkg/apis/podresources/v1/api.proto: (message, field name, number).
 PODRESOURCES_FIELDS = [
     ("AllocatableResourcesResponse", "devices", 1), ("AllocatableResourcesResponse", "cpu_ids", 2),
@@ -75,6 +94,32 @@ def test_deviceplugin_field_numbers(message, field, number):
 @pytest.mark.parametrize("message,field,number", REGISTRATION_FIELDS)
 def test_pluginregistration_field_numbers(message, field, number):
     assert reg.DESCRIPTOR.message_types_by_name[message].fields_by_name[field].number == number
+
+
+@pytest.mark.parametrize("message,field,number", DRA_FIELDS)
+def test_dra_field_numbers(message, field, number):
+    assert dra.DESCRIPTOR.message_types_by_name[message].fields_by_name[field].number == number
+
+
+@pytest.mark.parametrize("message,field,number", DRA_HEALTH_FIELDS)
+def test_dra_health_field_numbers(message, field, number):
+    assert drahealth.DESCRIPTOR.message_types_by_name[message].fields_by_name[field].number == number
+
+
+def test_dra_services_are_the_names_kubelet_negotiates():
+    """kubelet picks the service by these full names from the plugin watcher's supported versions
+    (pkg/kubelet/cm/dra/plugin: "v1.DRAPlugin", "v1.DRAResourceHealth"); its gRPC calls go to
+    /k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources and /v1.DRAResourceHealth/...."""
+    plugin = dra.DESCRIPTOR.services_by_name["DRAPlugin"]
+    assert plugin.full_name == "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin"
+    assert [m.name for m in plugin.methods] == ["NodePrepareResources", "NodeUnprepareResources"]
+    health = drahealth.DESCRIPTOR.services_by_name["DRAResourceHealth"]
+    assert health.full_name == "v1.DRAResourceHealth"
+    watch = health.methods_by_name["NodeWatchResources"]
+    assert (watch.server_streaming, watch.client_streaming) == (True, False)
+    assert dra.DESCRIPTOR.message_types_by_name["Device"].fields_by_name["share_id"].has_presence
+    assert [(v.name, v.number) for v in drahealth.DESCRIPTOR.enum_types_by_name["HealthStatus"].values] == [
+        ("UNKNOWN", 0), ("HEALTHY", 1), ("UNHEALTHY", 2)]
 
 
 @pytest.mark.parametrize("message,field,number", PODRESOURCES_FIELDS)
@@ -155,7 +200,7 @@ def test_generated_code_matches_the_protos(tmp_path):
     committed = sorted(p.relative_to(REPO) for root, folder in API_FOLDERS
                        for p in (REPO / root / folder).rglob("*_pb2*.py*"))
     assert generated == committed, "generated files differ from the committed ones: run dp/gen-proto.sh"
-    assert len(generated) == 9
+    assert len(generated) == 15
     for rel in generated:
         assert filecmp.cmp(tmp_path / rel, REPO / rel, shallow=False), f"{rel} drifted: run dp/gen-proto.sh"
 
