@@ -86,9 +86,11 @@ class FakeRdmaSysfs:
     # --- devices ------------------------------------------------------------------------------
     def add_pci_device(self, name: str, pci: str, netdev: str, *, numa_node: int = 0,
                        vendor: str = "0x15b3", device: str = "0x101b", driver: str = "mlx5_core",
-                       link_layer: str = "Ethernet", ports: int = 1, state: str = "ACTIVE") -> FakeDevice:
-        """An mlx5-style device: its PCI function with a netdev, and the RDMA device under it."""
-        pci_dir = self.sys / "devices/pci0000:00" / pci
+                       link_layer: str = "Ethernet", ports: int = 1, state: str = "ACTIVE",
+                       pcie_root: str = "pci0000:00") -> FakeDevice:
+        """An mlx5-style device: its PCI function with a netdev, and the RDMA device under it,
+        below the PCIe root complex `pcie_root` (devices/<root>/<pci>, as the kernel lays it out)."""
+        pci_dir = self.sys / "devices" / pcie_root / pci
         _write(pci_dir / "vendor", vendor)
         _write(pci_dir / "device", device)
         _write(pci_dir / "numa_node", str(numa_node))

@@ -34,12 +34,14 @@ class BrokerGone(OSError):
 
 
 class Grant:
-    """What kubelet says about one pod and one resource."""
+    """What kubelet says about one pod and one resource. `rails`: the RDMA devices the pod's DRA
+    claims hold (the rails to attach, and no others); None from the device plugin's units, which
+    name NICs only in exclusive mode."""
 
-    __slots__ = ("found", "device_ids", "via")
+    __slots__ = ("found", "device_ids", "via", "rails")
 
-    def __init__(self, found: bool, device_ids: list[str], via: str) -> None:
-        self.found, self.device_ids, self.via = found, device_ids, via
+    def __init__(self, found: bool, device_ids: list[str], via: str, rails: list[str] | None = None) -> None:
+        self.found, self.device_ids, self.via, self.rails = found, device_ids, via, rails
 
 
 def query(net: NetConfig, namespace: str, name: str, uid: str, early: Early | None = None) -> Grant:
@@ -107,9 +109,14 @@ def _from_answer(answer: dict, net: NetConfig) -> Grant:
         raise CniError(PAIRING_UNAVAILABLE, f"kubelet's PodResources API ({net.pod_resources_socket}): "
                        f"{answer.get('error')}: {answer.get('msg', '')}".rstrip(": "))
     ids = answer.get("deviceIDs") or []
-    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+    rails = answer.get("rails")
+    if not _strings(ids) or (rails is not None and not _strings(rails)):
         raise CniError(PAIRING_UNAVAILABLE, "the grants broker sent a malformed device list")
-    return Grant(bool(answer.get("found")), ids, str(answer.get("via", "")))
+    return Grant(bool(answer.get("found")), ids, str(answer.get("via", "")), rails)
+
+
+def _strings(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(i, str) for i in value)
 
 
 def _ask_kubelet(net: NetConfig, namespace: str, name: str, timeout: float) -> Grant:

@@ -5,7 +5,9 @@ that resource the pod's containers were granted at admission, which happens befo
 creates the pod's network:
 - shared mode: any unit means the pod gets its rails; none means nothing is attached, and a
   chained plugin hands the previous result back unchanged (the pod keeps its cluster network);
-- exclusive mode: the unit IDs are the NICs (PCI address or RDMA device name) to move.
+- exclusive mode: the unit IDs are the NICs (PCI address or RDMA device name) to move;
+- a DRA node (the daemon's broker answers from the claims its DRA driver prepared): the claims'
+  rails are the NICs to attach, in either mode, and no claim means nothing attached.
 DEL, CHECK and GC never ask kubelet: it has often forgotten the pod by then; they use the state.
 """
 
@@ -55,7 +57,7 @@ def granted(env: CniEnv, net: NetConfig, early: Early | None = None) -> Grant | 
 
 def attaches_nothing(grant: Grant | None, chained: bool, resource: str) -> bool:
     """True when the pod gets nothing from this network (and that is fine); raises when not fine."""
-    if grant is None or grant.device_ids:
+    if grant is None or (grant.rails if grant.rails is not None else grant.device_ids):
         return False
     if chained:
         return True

@@ -117,6 +117,37 @@ class MetricsConfig(_Strict):
         return os.path.normpath(value)
 
 
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+class DraConfig(_Strict):
+    """The DRA driver mode (dra/): the node's rails published as ResourceSlice devices and
+    prepared for ResourceClaims through kubelet's DRAPlugin API, instead of `rdma/hca` units
+    through the device plugin API. A node pool runs one or the other (docs/dra.md).
+
+    nodeName: this node's name ("" = the NODE_NAME environment variable, the downward API's).
+    kubeconfig: "" = the pod's service account. gidEntriesLimit: publish at most this many GID
+    entries per rail as its capacity (0 = what the table has): a reserve for the node's own
+    addresses, or a small table in tests."""
+
+    enabled: bool = False
+    driverName: str = "rdma-netns.io"
+    nodeName: str = ""
+    kubeconfig: str = ""
+    gidEntriesLimit: int = Field(0, ge=0, le=1 << 20)
+
+    @field_validator("driverName")
+    @classmethod
+    def _driver_name(cls, value: str) -> str:
+        if len(value) > 63 or not _DNS_SUBDOMAIN.match(value):
+            raise ValueError(f"{value!r} is not a DRA driver name (a DNS subdomain of at most 63 characters)")
+        return value
+
+    @property
+    def node(self) -> str:
+        return self.nodeName or os.environ.get("NODE_NAME", "")
+
+
 class DevicePluginConfig(_Strict):
     mode: Literal["shared", "exclusive", "auto"] = "auto"
     kubeletDir: str = "/var/lib/kubelet"
@@ -131,6 +162,7 @@ class DevicePluginConfig(_Strict):
     ensureKernelMode: bool = False
     cdi: CdiConfig = Field(default_factory=CdiConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    dra: DraConfig = Field(default_factory=DraConfig)
     resources: list[ResourceConfig] = Field(default_factory=lambda: [ResourceConfig()])
 
     @field_validator("kubeletDir", "sysfsRoot", "devRoot", "cniStateDir", "healthFile")
@@ -157,6 +189,12 @@ class DevicePluginConfig(_Strict):
             raise ValueError("resources: at least one resource is needed")
         if len(set(names)) != len(names):
             raise ValueError(f"resources: names must be distinct, got {names}")
+        if self.dra.enabled:
+            if not self.dra.node:
+                raise ValueError("dra.enabled needs the node's name: dra.nodeName, or NODE_NAME in the environment")
+            path = os.path.join(self.kubeletDir, "plugins", self.dra.driverName, "dra.sock")
+            if len(path) > MAX_SOCKET_PATH:
+                raise ValueError(f"socket path {path} is {len(path)} characters; unix sockets allow {MAX_SOCKET_PATH}")
         for resource in self.resources:
             for folder in ("device-plugins", "plugins_registry"):
                 path = os.path.join(self.kubeletDir, folder, f"rdma-netns-{resource.slug}.sock")

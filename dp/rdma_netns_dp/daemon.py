@@ -24,6 +24,7 @@ from rdma_netns_dp.resource_plugin import ResourcePlugin
 
 if TYPE_CHECKING:
     from rdma_netns_dp.cni_events import CniEventsReceiver
+    from rdma_netns_dp.dra.driver import DraDriver
     from rdma_netns_dp.metrics import DaemonMetrics
 
 log = logging.getLogger("rdma_netns_dp.daemon")
@@ -36,7 +37,14 @@ class Daemon:
         self.mode = kernel_mode.resolve(config.mode, self.sysfs)
         self.stop_event = threading.Event()
         self.pools = [Pool(resource, self.mode) for resource in config.resources]
-        self.plugins = [ResourcePlugin(pool, self.sysfs, config.kubeletDir, config.devRoot,
+        # DRA mode: the rails go to kubelet as ResourceSlice devices through the DRA driver, not as
+        # rdma/hca units; discovery, GID capacity, CDI and the broker stay the same.
+        self.dra: DraDriver | None = None
+        if config.dra.enabled:
+            from rdma_netns_dp.dra.driver import DraDriver
+
+            self.dra = DraDriver(config, self.sysfs)
+        self.plugins = [] if self.dra else [ResourcePlugin(pool, self.sysfs, config.kubeletDir, config.devRoot,
                                        config.cdi.enabled, config.registration, cdi_spec_dir=config.cdi.specDir)
                         for pool in self.pools]
         self._last_blocked: str | None = None
@@ -79,7 +87,7 @@ class Daemon:
             present = {d.name for d in devices}
             if any(name not in present for pool in self.pools for name in pool.known_names()):
                 in_pods = device_netns(self.config.cniStateDir)
-            if self.config.cdi.enabled:
+            if self.config.cdi.enabled or self.dra is not None:
                 for d in devices:
                     self._last_seen[d.name] = d
         for pool in self.pools:
@@ -96,12 +104,17 @@ class Daemon:
                                            "healthy": sum(u.healthy for u in units),
                                            "rdma_devices": [d.name for d in pool.devices],
                                            "in_pods": sorted(pool.in_pods), "blocked": blocked})
-            if self.config.cdi.enabled:
+            if self.config.cdi.enabled and self.dra is None:
                 spec = cdi.build_spec(pool.resource.slug, list(pool.devices) + self.away_devices(pool, in_pods),
                                       self.config.devRoot, pool.resource.includeUmad, self.sysfs.rdma_cm_present())
                 if cdi.write_spec(self.config.cdi.specDir, pool.resource.slug, spec):
                     log.info("CDI spec written", extra={"path": cdi.spec_path(self.config.cdi.specDir,
                                                                               pool.resource.slug)})
+
+        if self.dra is not None:
+            away = {pool.resource.name: [self._last_seen[n] for n in sorted(pool.in_pods) if n in self._last_seen]
+                    for pool in self.pools}
+            self.dra.update(self.pools, devices, gids, blocked, away)
 
     def read_gids(self, devices: list[RdmaDevice]) -> dict[RdmaPort, GidUsage]:
         """GID table usage of every port a pool is bounded by, read before any pool's lock."""
@@ -158,6 +171,8 @@ class Daemon:
                   "blocked": self._last_blocked,
                   "podGrantsSocket": self.pod_grants.socket_path if self.pod_grants else None,
                   "resources": {p.pool.resource.name: self.resource_health(p) for p in self.plugins}}
+        if self.dra is not None:
+            status["dra"] = self.dra.status()
         folder = os.path.dirname(path) or "."
         os.makedirs(folder, exist_ok=True)
         fsutil.write_atomic(path, json.dumps(status).encode(), 0o644)  # a probe may read it as any user
@@ -167,6 +182,11 @@ class Daemon:
         pending = sorted(name for name, r in status["resources"].items() if not r["registered"])
         if pending:
             problems.append(f"not registered with kubelet: {', '.join(pending)}")
+        if self.dra is not None:
+            if not self.dra.registered:
+                problems.append(f"DRA driver {self.dra.driver} not registered with kubelet")
+            if self.dra.last_error:
+                problems.append(f"ResourceSlices not published: {self.dra.last_error}")
         if self._last_blocked:
             problems.append(f"{self._last_blocked}: {mode_policy.fix_hint(self.mode)}")
         probe_file.write(ready_file(path), problems)
@@ -190,6 +210,8 @@ class Daemon:
         interval = self.config.healthIntervalSeconds
         try:
             self.start_metrics()
+            if self.dra is not None:
+                self.dra.start()
             self.start_pod_grants()
             while not self.stop_event.is_set():
                 started = time.monotonic()
@@ -213,7 +235,8 @@ class Daemon:
             return
         observe = self.metrics.broker_answer if self.metrics else None
         try:
-            self.pod_grants = PodGrantsServer(self.config.podGrantsSocket, observe=observe, client=self.kubelet).start()
+            self.pod_grants = PodGrantsServer(self.config.podGrantsSocket, observe=observe, client=self.kubelet,
+                                              dra=self.dra.pod_grant if self.dra else None).start()
         except OSError as exc:
             log.error("cannot serve the pod grants broker; the CNI will ask kubelet directly",
                       extra={"socket": self.config.podGrantsSocket, "error": str(exc)})
@@ -256,6 +279,8 @@ class Daemon:
             self.pod_grants = None
         for plugin in self.plugins:
             plugin.stop()
+        if self.dra is not None:
+            self.dra.stop()
         self.kubelet.close()
         if self.config.healthFile:
             fsutil.remove(self.config.healthFile)

@@ -8,9 +8,15 @@ request per connection, one JSON line each way (contract B):
   -> {"v": 1, "podResourcesSocket": "/abs", "namespace": "ns", "name": "pod", "uid": "",
       "resourceName": "rdma/hca", "timeoutMs": 500}
   <- {"v": 1, "found": true, "deviceIDs": [...], "via": "Get"|"List"} | {"v": 1, "found": false, "via": ...}
+     | {"v": 1, "found": true, "deviceIDs": [CDI units], "rails": [RDMA devices], "via": "dra"}
      | {"v": 1, "error": "unreachable"|"timeout"|"rate-limited"|"ambiguous"|"failed"|"bad-request",
         "msg": "..."}
 The socket is 0600 in a folder made 0700: only root on the node may ask.
+
+On a DRA node (the daemon's DRA driver mode) the answer comes from the claims the driver
+prepared for the pod, with no kubelet call: kubelet prepares a pod's claims before the runtime
+creates its sandbox. `rails` names the RDMA devices the claims hold (the CNI attaches those and no
+others) and `deviceIDs` the claims' CDI units; a pod without a claim of the driver holds nothing.
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ READ_TIMEOUT = 5.0  # a client that connects and says nothing does not keep a th
 
 Query = Callable[[str, str, str, str, float], podresources.PodGrant]
 Observe = Callable[[str, float], None]  # (result, seconds) of each answer: the metrics
+# DRA: (namespace, name, uid) -> (rails, CDI units) the pod's prepared claims hold, or None
+DraLookup = Callable[[str, str, str], "tuple[list[str], list[str]] | None"]
 
 
 class BadRequest(ValueError):
@@ -83,6 +91,17 @@ def answer(request: dict, query: Query) -> dict:
     return {"v": 1, "found": True, "deviceIDs": list(grant.device_ids), "via": grant.via}
 
 
+def dra_answer(request: dict, lookup: DraLookup) -> dict:
+    """The pod's prepared claims as a grant; never raises."""
+    try:
+        found = lookup(request["namespace"], request["name"], request.get("uid", ""))
+    except Exception as exc:
+        log.exception("DRA grant lookup failed")
+        return {"v": 1, "error": "failed", "msg": f"{type(exc).__name__}: {exc}"}
+    rails, units = found or ([], [])
+    return {"v": 1, "found": True, "deviceIDs": units, "rails": rails, "via": "dra"}
+
+
 def _read_line(sock: socket.socket) -> bytes | None:
     """One request line (the "\\n" or the client's end of writing ends it); None when the client
     hung up without a byte (a probe); BadRequest if over MAX_REQUEST bytes."""
@@ -119,7 +138,10 @@ class _Handler(socketserver.BaseRequestHandler):
             if line is None:
                 return
             request = parse_request(line)
-            reply = answer(request, self.server.query)
+            if self.server.dra is not None:
+                reply = dra_answer(request, self.server.dra)
+            else:
+                reply = answer(request, self.server.query)
         except BadRequest as exc:
             reply = {"v": 1, "error": "bad-request", "msg": str(exc)}
         except OSError as exc:  # the client went away or said nothing in time: nobody to answer
@@ -148,20 +170,23 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     request_queue_size = 128  # a burst of pod starts is many ADDs at once
     query: Query
     observe: Observe | None = None
+    dra: DraLookup | None = None
 
 
 class PodGrantsServer:
     """The broker: start() binds and serves in a thread, stop() ends it and removes the socket."""
 
     def __init__(self, socket_path: str, query: Query | None = None, observe: Observe | None = None,
-                 client: podresources.Client | None = None) -> None:
+                 client: podresources.Client | None = None, dra: DraLookup | None = None) -> None:
         """`client`: the daemon's kubelet client (shared with its metrics, so that both stay inside
-        one share of kubelet's rate limit); one of its own by default."""
+        one share of kubelet's rate limit); one of its own by default. `dra`: the DRA driver's
+        lookup; answers come from it instead of kubelet."""
         self.socket_path = socket_path
         self.observe = observe
         self._own_client = client is None
         self.client = client or podresources.Client(ratelimit.TokenBucket())
         self.query = query or GrantRounds(self.client)
+        self.dra = dra
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the socket we made
@@ -173,6 +198,7 @@ class PodGrantsServer:
         server = _Server(self.socket_path, _Handler, bind_and_activate=False)
         server.query = self.query
         server.observe = self.observe
+        server.dra = self.dra
         tmp = f"{self.socket_path}.{os.getpid()}.tmp"
         try:
             fsutil.remove(tmp)

@@ -52,14 +52,18 @@ def register(kubelet_socket: str, endpoint: str, resource_name: str,
 class WatcherRegistration(reg_pb2_grpc.RegistrationServicer):
     """pluginregistration.Registration for kubelet's plugin watcher."""
 
-    def __init__(self, resource_name: str, endpoint_path: str) -> None:
+    def __init__(self, resource_name: str, endpoint_path: str, plugin_type: str = "DevicePlugin",
+                 versions: list[str] | None = None) -> None:
+        """resource_name: the resource (DevicePlugin) or the driver name (DRAPlugin)."""
         self.resource_name = resource_name
         self.endpoint_path = endpoint_path
+        self.plugin_type = plugin_type
+        self.versions = versions or [API_VERSION]
         self.registered = False
 
     def GetInfo(self, request, context):
-        return reg_pb2.PluginInfo(type="DevicePlugin", name=self.resource_name, endpoint=self.endpoint_path,
-                                  supported_versions=[API_VERSION])
+        return reg_pb2.PluginInfo(type=self.plugin_type, name=self.resource_name, endpoint=self.endpoint_path,
+                                  supported_versions=self.versions)
 
     def NotifyRegistrationStatus(self, request, context):
         self.registered = request.plugin_registered

@@ -36,7 +36,7 @@ def cmd_add(env: CniEnv, cfg: loader.Config, grant: Grant | None = None) -> dict
     net = cfg.net
     chained = cfg.prev_result is not None
     mode = modes.select(net, chained)
-    granted_ids = grant.device_ids if grant is not None and mode.grant_names_devices else None
+    granted_ids = granted_rails(grant, mode)
     store = StateStore(net.state_dir, net.name)
     store.prepare()
     with store.locked(env.container_id, env.ifname, net.lock_timeout):
@@ -94,6 +94,16 @@ def cmd_add(env: CniEnv, cfg: loader.Config, grant: Grant | None = None) -> dict
             return result
         finally:
             posix.close(pod_fd)
+
+
+def granted_rails(grant: Grant | None, mode: modes.Mode) -> list[str] | None:
+    """The NICs the grant limits the pod to: a DRA claim's rails in every mode; the device
+    plugin's units where they are NICs (exclusive); None: every configured rail."""
+    if grant is None:
+        return None
+    if grant.rails is not None:
+        return grant.rails
+    return grant.device_ids if mode.grant_names_devices else None
 
 
 def _node_ranges(mode: modes.Mode, host_sock: NetlinkSocket, plan: list[rails.Rail],

@@ -9,6 +9,7 @@ moved into a pod vanishes here. Not imported by the CNI plugin (dataclasses cost
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from rdma_netns.kernel.rdma_sysfs import RdmaSysfs, port_word
@@ -111,6 +112,23 @@ class DeviceSysfs(RdmaSysfs):
                           numa_node=numa, uverbs=uverbs[0] if uverbs else None, mad=_chars(mad),
                           bond=bond, bond_members=tuple(self.bond_members(bond)) if bond else (),
                           node_type=self.node_type(name))
+
+    def pcie_root(self, pci_address: str | None) -> str | None:
+        """The PCIe root complex a PCI function sits under ("pci0000:00"), read from where
+        bus/pci/devices/<address> points in devices/; None for a virtual device or when unreadable.
+        DRA's standard attribute resource.kubernetes.io/pcieRoot: a NIC and a GPU under one root
+        talk without crossing the CPU's interconnect."""
+        if not pci_address:
+            return None
+        try:
+            target = os.readlink(f"{self.root}/bus/pci/devices/{pci_address}")
+        except OSError:
+            return None
+        parts = target.split("/")
+        if "devices" not in parts:
+            return None
+        after = parts[len(parts) - 1 - parts[::-1].index("devices") + 1:]
+        return after[0] if after and after[0].startswith("pci") and after[-1] == pci_address else None
 
     def node_type(self, device: str) -> str | None:
         """'CA', 'RNIC', ... from sysfs's '1: CA'; None when unreadable."""
