@@ -211,6 +211,7 @@ class Daemon:
         try:
             self.start_metrics()
             if self.dra is not None:
+                self.poll()  # the rails known before kubelet can ask to prepare a claim
                 self.dra.start()
             self.start_pod_grants()
             while not self.stop_event.is_set():

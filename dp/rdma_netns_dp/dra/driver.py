@@ -21,6 +21,7 @@ from rdma_netns_dp.dra import devices as dra_devices
 from rdma_netns_dp.dra import kube_api
 from rdma_netns_dp.dra.checkpoint import Checkpoint
 from rdma_netns_dp.dra.kube_api import ApiError, Credentials, KubeApi
+from rdma_netns_dp.dra.network_status import NetworkStatusWriter
 from rdma_netns_dp.dra.prepare import CdiSettings, Preparer
 from rdma_netns_dp.dra.service import DeviceHealth, DraServer
 from rdma_netns_dp.dra.slices import SlicePublisher
@@ -52,6 +53,7 @@ class DraDriver:
                                              resource.includeUmad), resource.name)
         self.publisher = SlicePublisher(self.api, self.driver, self.node)
         self.server = DraServer(config.kubeletDir, self.driver, self.preparer, self.health)
+        self.network_status = NetworkStatusWriter(self.api, self.driver, config.cniStateDir)
         self._lock = threading.Lock()
         self._rails: dict[str, RdmaDevice] = {}
         self._pcie: dict[str, str | None] = {}
@@ -67,16 +69,10 @@ class DraDriver:
             return dict(self._rails)
 
     def start(self) -> DraDriver:
-        """Serve kubelet first (prepared claims answer from the checkpoint even while the API
-        server is away), then adopt this node's slices and drop claims deleted meanwhile."""
+        """Serve kubelet; the daemon calls this after its first discovery pass, so a new claim
+        finds this node's rails. The API server is reached from update(): prepared claims answer
+        from the checkpoint even while it is away."""
         self.server.start()
-        try:
-            self.publisher.start()
-            self.reconcile()
-            self.started = True
-        except ApiError as exc:
-            self.last_error = str(exc)
-            log.error("the API server cannot be reached; retrying each pass", extra={"error": str(exc)})
         return self
 
     def reconcile(self) -> None:
@@ -116,6 +112,7 @@ class DraDriver:
                 self.reconcile()
                 self.started = True
             self.publisher.publish(devices)
+            self.network_status.sync(self.checkpoint.all())
             self.last_error = None
         except ApiError as exc:
             if self.last_error != str(exc):

@@ -137,7 +137,7 @@ class SlicePublisher:
             except ApiError as exc:
                 if exc.status == 410:  # too old: list again from now
                     resource_version = self.api.list(kube_api.resource_slices_path(), field_selector=self.selector(),
-                                                     limit=1).get("metadata", {}).get("resourceVersion", "")
+                                                     ).get("metadata", {}).get("resourceVersion", "")
                     self._dirty.set()
                     continue
                 log.warning("watching ResourceSlices failed; retrying", extra={"error": str(exc)})
