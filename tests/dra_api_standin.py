@@ -2,7 +2,8 @@
 inject what the real one cannot be made to do on cue (a deleted slice between two passes, a claim
 gone while the driver was down). It copies the real server's answers: 404 NotFound for a missing
 object, 409 AlreadyExists on create, 409 Conflict on a replace whose resourceVersion is stale, a
-new resourceVersion on every write, fieldSelector on spec.nodeName/spec.driver for slices
+new resourceVersion on every write, a status subresource whose PUT changes only the status,
+fieldSelector on spec.nodeName/spec.driver for slices
 (k8s.io/apiserver v0.37.2; pkg/registry/resource/resourceslice/strategy.go's selectable fields).
 The real API server is the cluster suite's (integration/cluster/test_dra.py)."""
 
@@ -63,7 +64,14 @@ class ApiStandin:
         return created
 
     def replace(self, path: str, body: dict) -> dict:
+        """PUT; on a `/status` subresource only the status changes, as the server's status strategy does."""
         self._check("replace", path)
+        if path.endswith("/status"):
+            path = path.removesuffix("/status")
+            current = self.objects.get(path)
+            if current is not None:
+                body = {**copy.deepcopy(current), "status": body.get("status"),
+                        "metadata": {**current["metadata"], "resourceVersion": body["metadata"].get("resourceVersion")}}
         current = self.objects.get(path)
         if current is None:
             raise ApiError(404, "NotFound", f"{path} not found")

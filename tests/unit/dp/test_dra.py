@@ -311,3 +311,59 @@ def test_the_api_standin_refuses_a_stale_replace_as_the_server_does():
     with pytest.raises(ApiError) as info:
         api.replace("/x/a", stale)
     assert info.value.status == 409
+
+
+# --- after ADD: the claim's status.devices ------------------------------------------------------
+
+def test_network_data_comes_from_the_attachment_that_published_the_claims_unit(prep, tmp_path):
+    from rdma_netns.state import AttachmentState, StateStore
+    from rdma_netns_dp.dra.network_status import NetworkStatusWriter
+
+    preparer, api, _ = prep
+    api.put_object(kube_api.resource_claims_path("ml", "train-rails"), claim(devices=("mlx5-bond-2",)))
+    claim_status = api.objects[kube_api.resource_claims_path("ml", "train-rails")]["status"]
+    claim_status["devices"] = [{"driver": "gpu.example.com", "pool": NODE, "device": "gpu-0"}]
+    prepared = preparer.prepare("ml", "train-rails", "c-1")
+    state_dir = str(tmp_path / "cni-state")
+    writer = NetworkStatusWriter(api, DRIVER, state_dir)
+    writer.sync([prepared])
+    assert writer.written == set()  # no ADD yet: nothing to write, and it looks again next pass
+    store = StateStore(state_dir, "rdma")
+    store.prepare()
+    state = AttachmentState(mode="shared", link="ipvlan", container_id="sbx", ifname="eth0", netns="/x", network="rdma",
+                            rails=[{"ifname": "rdma0", "rdmaDevice": "mlx5_bond_2", "netdev": "bond2"}], phase="ready",
+                            published={"podInfoFile": "/p", "cdiKind": "rdma-netns.io/pod",
+                                       "cdiSpecs": [{"unit": "claim-c-1", "path": "/s"}]},
+                            result={"interfaces": [{"name": "eth0", "sandbox": "/x"},
+                                                   {"name": "rdma0", "mac": "02:aa:00:00:00:02", "sandbox": "/x"}],
+                                    "ips": [{"address": "10.0.0.2/24", "interface": 0},
+                                            {"address": "fd00:12::1:5/64", "interface": 1}]})
+    store.save("sbx", "eth0", state)
+    writer.sync([prepared])
+    devices = api.objects[kube_api.resource_claims_path("ml", "train-rails")]["status"]["devices"]
+    assert devices == [{"driver": "gpu.example.com", "pool": NODE, "device": "gpu-0"},
+                       {"driver": DRIVER, "pool": NODE, "device": "mlx5-bond-2", "shareID": "s-mlx5-bond-2",
+                        "networkData": {"interfaceName": "rdma0", "ips": ["fd00:12::1:5/64"],
+                                        "hardwareAddress": "02:aa:00:00:00:02"}}]
+    writes = len(api.calls)
+    writer.sync([prepared])
+    assert len(api.calls) == writes  # written once
+
+
+def test_the_cni_attaches_a_dra_grants_rails_in_every_mode():
+    from rdma_netns import modes
+    from rdma_netns.commands.add import granted_rails
+    from rdma_netns.grants_client import Grant
+
+    class Shared:
+        grant_names_devices = False
+
+    class Exclusive:
+        grant_names_devices = True
+
+    dra = Grant(True, ["claim-c-1"], "dra", rails=["mlx5_bond_2"])
+    units = Grant(True, ["hca-0001"], "Get")
+    assert granted_rails(dra, Shared) == ["mlx5_bond_2"] and granted_rails(dra, Exclusive) == ["mlx5_bond_2"]
+    assert granted_rails(units, Shared) is None and granted_rails(units, Exclusive) == ["hca-0001"]
+    assert granted_rails(None, Shared) is None
+    assert modes  # the real module imports
