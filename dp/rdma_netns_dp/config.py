@@ -190,8 +190,6 @@ class DevicePluginConfig(_Strict):
         if len(set(names)) != len(names):
             raise ValueError(f"resources: names must be distinct, got {names}")
         if self.dra.enabled:
-            if not self.dra.node:
-                raise ValueError("dra.enabled needs the node's name: dra.nodeName, or NODE_NAME in the environment")
             path = os.path.join(self.kubeletDir, "plugins", self.dra.driverName, "dra.sock")
             if len(path) > MAX_SOCKET_PATH:
                 raise ValueError(f"socket path {path} is {len(path)} characters; unix sockets allow {MAX_SOCKET_PATH}")

@@ -88,6 +88,11 @@ def _serve(args: argparse.Namespace) -> int:
                           if v is not None and k not in ("command", "config", "log_level")})
     if config is None:
         return 2
+    if config.dra.enabled and not config.dra.node:
+        # Checked here, not in the config: the init containers read the same file without it.
+        print("rdma-netns-dp: invalid configuration: dra.enabled needs the node's name: dra.nodeName, or "
+              "NODE_NAME in the environment (the downward API's spec.nodeName)", file=sys.stderr)
+        return 2
     from rdma_netns_dp.daemon import Daemon
 
     daemon = Daemon(config)

@@ -116,10 +116,16 @@ def test_device_names_are_dns_labels(kernel, dra):
     assert dra_devices.device_name(kernel) == dra
 
 
-def test_dra_mode_needs_a_node_name(monkeypatch):
+def test_dra_mode_needs_a_node_name_to_serve_but_not_to_be_read(monkeypatch, tmp_path, capsys):
+    from rdma_netns_dp.main import main
+
     monkeypatch.delenv("NODE_NAME", raising=False)
-    with pytest.raises(Exception, match="node's name"):
-        validate({"dra": {"enabled": True}}, "test")
+    # The init containers read the same config without NODE_NAME: only serving needs it.
+    assert validate({"dra": {"enabled": True}}, "test").dra.node == ""
+    config = tmp_path / "dp.yaml"
+    config.write_text("dra: {enabled: true}\n")
+    assert main(["serve", "--config", str(config)]) == 2
+    assert "needs the node's name" in capsys.readouterr().err
     monkeypatch.setenv("NODE_NAME", NODE)
     assert validate({"dra": {"enabled": True}}, "test").dra.node == NODE
     with pytest.raises(Exception, match="DNS subdomain"):
