@@ -108,10 +108,22 @@ class FakeRdmaSysfs:
         return self._finish(dev, pci_dir, link_layer, state)
 
     def add_soft_device(self, name: str, parent: str, *, link_layer: str = "Ethernet", ports: int = 1,
-                        state: str = "ACTIVE") -> FakeDevice:
-        """An rxe-style soft device: no PCI device, a `parent` file naming its netdev."""
+                        state: str = "ACTIVE", parent_pci: tuple[str, str] | None = None) -> FakeDevice:
+        """An rxe-style soft device: no PCI device, a `parent` file naming its netdev. With
+        `parent_pci` (root complex, PCI address) the netdev is a PCI NIC's, under that root, with
+        its `device` link (as rxe made on a physical NIC's netdev), else a virtual one."""
         virtual = self.sys / "devices/virtual"
-        if not (virtual / "net" / parent).exists():
+        if parent_pci is not None and not (self.sys / "class/net" / parent).exists():
+            root, pci = parent_pci
+            pci_dir = self.sys / "devices" / root / pci
+            _write(pci_dir / "vendor", "0x1af4")
+            _write(pci_dir / "device", "0x1041")
+            _write(pci_dir / "numa_node", "-1")
+            if not (self.sys / "bus/pci/devices" / pci).is_symlink():
+                _symlink(pci_dir, self.sys / "bus/pci/devices" / pci)
+            self._add_netdev(pci_dir / "net" / parent, parent)
+            _symlink(pci_dir, pci_dir / "net" / parent / "device")
+        elif not (virtual / "net" / parent).exists():
             self._add_netdev(virtual / "net" / parent, parent)
         folder = virtual / "infiniband" / name
         _write(folder / "parent", parent)

@@ -31,6 +31,14 @@ def rail_netdev(rail: int) -> str:
     return f"rail{rail}"
 
 
+def rail_pci(rail: int) -> tuple[str, str]:
+    """The PCIe root complex and PCI function of the NIC whose netdev a rail's rxe is made on:
+    each rail under its own root, as on a GPU node where every NIC sits beside its GPUs (the DRA
+    driver publishes the root as resource.kubernetes.io/pcieRoot)."""
+    bus = 0x10 + 0x10 * rail
+    return f"pci0000:{bus:02x}", f"0000:{bus + 1:02x}:00.0"
+
+
 def node_address(rail: int) -> str:
     """The node's own address on the rail (the shipped entry's rangeFromNodeAddress derives pods' from it)."""
     return f"fd00:1{rail}::{HOST_NODE_INDEX}:1/64"
@@ -50,7 +58,7 @@ def make(layout: Layout) -> FakeRdmaSysfs:
         run(*ns, "link", "set", netdev, "up")
         run(*ns, "link", "set", f"{netdev}p", "up")
         run(*ns, "address", "add", node_address(rail), "dev", netdev, "nodad")
-        fake.add_soft_device(f"rxe{rail}", netdev)
+        fake.add_soft_device(f"rxe{rail}", netdev, parent_pci=rail_pci(rail))
         fake.soft_gid_table(f"rxe{rail}", table=2048)
         for n in range(2, 2 + PREFILLED):
             fake.add_gid(f"rxe{rail}", Prefix.parse(pod_address(rail, n)).exploded(), f"rdma{rail}")

@@ -7,6 +7,10 @@ the claims, the real kubelet preparing them through the driver's gRPC API.
   the scheduler made each pod's claim, each pod has exactly its claim's rail, with CDI's settings
   for that rail, and the claim's status.devices shows the pod's interface, addresses and MAC;
 - a ResourceClaimTemplate for two rails gives the pod both;
+- a claim for a GPU and a rail with matchAttribute resource.kubernetes.io/pcieRoot gets the rail
+  under its GPU's root (GPUs of a fake DRA driver, integration/cluster/fake_gpu_driver.py; each
+  host rail's NIC under a root of its own), and a GPU under a root with no NIC leaves the pod
+  Pending with the scheduler's reason;
 - the rails' GID entries are consumable capacity: with a rail offering two pods' entries
   (dra.gidEntriesLimit), a third pod stays Pending with the scheduler's reason and starts when one
   of the first two is deleted;
@@ -18,14 +22,16 @@ the claims, the real kubelet preparing them through the driver's gRPC API.
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 import pytest
 
-from integration.cluster import manifests
+from integration.cluster import manifests, namespaces
 from integration.cluster.conftest import REPORT
-from integration.cluster.host_rdma import RAILS, rail_netdev
-from integration.cluster.layout import HOST_NODE, REPO
+from integration.cluster.fake_gpu_driver import DRIVER as GPU_DRIVER
+from integration.cluster.host_rdma import RAILS, rail_netdev, rail_pci
+from integration.cluster.layout import API_PORT, CONTROL_IP, HOST_NODE, REPO
 
 pytestmark = pytest.mark.cluster
 
@@ -110,7 +116,9 @@ def dra(cluster, release_image):
     """The chart with dra.enabled on the host node; each rail offers two pods' GID entries."""
     cluster.helm("install", "rdma-netns", str(CHART), "-n", "kube-system", "--set-json",
                  f"rails={json.dumps(RAIL_LIST)}", "--set", "dra.enabled=true",
-                 "--set", f"dra.gidEntriesLimit={2 * ENTRIES_PER_POD}", *image_values(release_image))
+                 "--set", f"dra.gidEntriesLimit={2 * ENTRIES_PER_POD}",
+                 # no kube-proxy in this cluster: the driver's hostNetwork pod reaches the API server directly
+                 "--set", f"dra.apiServer={CONTROL_IP}:{API_PORT}", *image_values(release_image))
     cluster.kubectl("label", "node", HOST_NODE, "rdma-netns.io/rdma=true")
     began = time.monotonic()
     cluster.wait_for("the DRA DaemonSet Ready", lambda: ds_ready(cluster), timeout=300)
@@ -133,6 +141,7 @@ def test_the_driver_publishes_the_nodes_rails_and_no_rdma_hca_units(cluster, dra
         device = devices[f"rxe{r}"]
         assert device["attributes"]["rdmaDevice"] == {"string": f"rxe{r}"}
         assert device["attributes"]["netdev"] == {"string": rail_netdev(r)}
+        assert device["attributes"]["resource.kubernetes.io/pcieRoot"] == {"string": rail_pci(r)[0]}
         assert device["allowMultipleAllocations"] is True
         capacity = device["capacity"]["gidEntries"]
         assert capacity["value"] == str(2 * ENTRIES_PER_POD)
@@ -190,6 +199,52 @@ def test_a_claim_for_two_rails_gives_the_pod_both(cluster, dra):
     assert nccl.get("NCCL_IB_HCA") == "=" + ",".join(f"rxe{r}:1" for r in range(RAILS)), got
     assert len([d for d in got["dev"] if "uverbs" in d]) == RAILS, got
     cluster.kubectl("delete", "pod", "two-rails", "-n", NAMESPACE, "--wait=true")
+
+
+@pytest.fixture(scope="module")
+def fake_gpus(cluster, dra):
+    """gpu-0 and gpu-1 under rail 0's and rail 1's roots, gpu-9 under a root with no NIC."""
+    gpus = [["gpu-0", rail_pci(0)[0]], ["gpu-1", rail_pci(1)[0]], ["gpu-9", "pci0000:f0"]]
+    namespaces.spawn(cluster.layout, "fake-gpu-driver", [
+        sys.executable, "-m", "integration.cluster.fake_gpu_driver", "--kubeconfig", str(cluster.layout.admin_kubeconfig),
+        "--node", HOST_NODE, "--gpus", json.dumps(gpus)], env={"PYTHONPATH": str(REPO)})
+    apply(cluster, [{"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": GPU_DRIVER},
+                     "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{GPU_DRIVER}"'}}]}}])
+    cluster.wait_for("the fake GPUs' slice", lambda: any(s["spec"]["driver"] == GPU_DRIVER
+                                                         for s in cluster.get("resourceslices")["items"]), timeout=60)
+    yield
+    namespaces.stop(cluster.layout, "fake-gpu-driver")
+
+
+def aligned_pod(image: str, name: str, gpu: int) -> list[dict]:
+    """A pod whose claim asks for GPU number `gpu` and one rail under the same PCIe root."""
+    template, pod = claim_pod(image, name, 1, RAIL_SCRIPT)
+    template["spec"]["spec"]["devices"] = {
+        "requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": GPU_DRIVER, "count": 1, "selectors": [
+                {"cel": {"expression": f'device.attributes["{GPU_DRIVER}"].index == {gpu}'}}]}},
+            {"name": "rails", "exactly": {"deviceClassName": CLASS, "count": 1}}],
+        "constraints": [{"requests": ["gpu", "rails"], "matchAttribute": "resource.kubernetes.io/pcieRoot"}]}
+    return [template, pod]
+
+
+def test_a_rail_aligned_with_a_gpu_lands_under_its_root(cluster, dra, fake_gpus):
+    apply(cluster, aligned_pod(dra.pinned, "aligned", 1))
+    cluster.wait_for("the aligned pod done", lambda: phase(cluster, "aligned") == "Succeeded", timeout=180)
+    got = report(cluster, "aligned")
+    assert set(got["if"]) == {"lo", "eth0", "rdma1"}, got  # rail 1: the one under gpu-1's root
+    (claim,) = pod_claims(cluster, "aligned") or [None]
+    results = {r["request"]: r["device"] for r in claim["status"]["allocation"]["devices"]["results"]}
+    assert results == {"gpu": "gpu-1", "rails": "rxe1"}, results
+    REPORT.append(f"GPU-NIC alignment: claim {results} (pcieRoot {rail_pci(1)[0]}), the pod's rails {sorted(got['if'])}")
+    apply(cluster, aligned_pod(dra.pinned, "misaligned", 2))
+    time.sleep(5)
+    pod = cluster.get("pod", "misaligned", "-n", NAMESPACE)
+    (condition,) = [c for c in pod["status"].get("conditions", []) if c["type"] == "PodScheduled"]
+    assert condition["status"] == "False" and condition["reason"] == "Unschedulable", condition
+    REPORT.append(f"GPU-NIC alignment impossible (gpu-9 under a root with no NIC): Pending, scheduler: "
+                  f"{condition['message']}")
+    cluster.kubectl("delete", "pod", "aligned", "misaligned", "-n", NAMESPACE, "--wait=true")
 
 
 def test_gid_entries_are_capacity_the_scheduler_respects(cluster, dra):

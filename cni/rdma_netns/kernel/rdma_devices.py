@@ -113,22 +113,25 @@ class DeviceSysfs(RdmaSysfs):
                           bond=bond, bond_members=tuple(self.bond_members(bond)) if bond else (),
                           node_type=self.node_type(name))
 
-    def pcie_root(self, pci_address: str | None) -> str | None:
-        """The PCIe root complex a PCI function sits under ("pci0000:00"), read from where
-        bus/pci/devices/<address> points in devices/; None for a virtual device or when unreadable.
-        DRA's standard attribute resource.kubernetes.io/pcieRoot: a NIC and a GPU under one root
-        talk without crossing the CPU's interconnect."""
-        if not pci_address:
-            return None
-        try:
-            target = os.readlink(f"{self.root}/bus/pci/devices/{pci_address}")
-        except OSError:
-            return None
-        parts = target.split("/")
-        if "devices" not in parts:
-            return None
-        after = parts[len(parts) - 1 - parts[::-1].index("devices") + 1:]
-        return after[0] if after and after[0].startswith("pci") and after[-1] == pci_address else None
+    def pcie_root(self, device: RdmaDevice) -> str | None:
+        """The PCIe root complex a device sits under ("pci0000:15"): its PCI function's, or for a
+        soft device (rxe) its netdev's, as the kernel lays out devices/pci<domain>:<bus>/...; None
+        for a device with no PCI ancestor or when unreadable. DRA's standard attribute
+        resource.kubernetes.io/pcieRoot: a NIC and a GPU under one root talk without crossing the
+        CPU's interconnect."""
+        links = [f"{self.root}/class/infiniband/{device.name}/device"]
+        links += [f"{self.root}/class/net/{netdev}/device" for netdev in (*device.netdevs, *device.bond_members)]
+        for link in links:
+            try:
+                parts = os.path.realpath(link).split("/")
+            except OSError:
+                continue
+            if not os.path.exists(link) or "devices" not in parts:
+                continue
+            after = parts[len(parts) - parts[::-1].index("devices"):]
+            if after and after[0].startswith("pci"):
+                return after[0]
+        return None
 
     def node_type(self, device: str) -> str | None:
         """'CA', 'RNIC', ... from sysfs's '1: CA'; None when unreadable."""

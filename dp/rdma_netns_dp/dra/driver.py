@@ -98,7 +98,7 @@ class DraDriver:
             selected = pool.select(discovered)
             for d in selected:
                 if d.name not in self._pcie:
-                    self._pcie[d.name] = self.sysfs.pcie_root(d.pci_address)
+                    self._pcie[d.name] = self.sysfs.pcie_root(d)
             rails += dra_devices.rails_of(list(selected), pool.resource.name, pool.mode, self._pcie, gids,
                                           pool.resource.addressesPerPod, blocked,
                                           list((away or {}).get(pool.resource.name, [])))

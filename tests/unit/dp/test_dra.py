@@ -37,7 +37,7 @@ def lag_rails(tmp_path, addresses_per_pod: int = 2, blocked: str | None = None, 
     found = sysfs.devices()
     pool = Pool(ResourceConfig(addressesPerPod=addresses_per_pod), "shared")
     gids = {p: sysfs.gid_usage(p) for p in pool.gid_ports(found)}
-    pcie = {d.name: sysfs.pcie_root(d.pci_address) for d in found}
+    pcie = {d.name: sysfs.pcie_root(d) for d in found}
     rails = dra_devices.rails_of(found, "rdma/hca", "shared", pcie, gids, addresses_per_pod, blocked)
     return fake, [dra_devices.to_device(r, DRIVER, limit) for r in rails]
 
@@ -104,10 +104,11 @@ def test_pcie_root_is_the_root_complex_above_the_function(tmp_path):
     fake.add_pci_device("mlx5_0", "0000:1a:00.0", "ens1f0", pcie_root="pci0000:15")
     fake.add_pci_device("mlx5_1", "0000:9a:00.0", "ens2f0", pcie_root="pci0000:97")
     fake.add_soft_device("rxe0", "eth0")
+    fake.add_soft_device("rxe1", "eth1", parent_pci=("pci0000:c1", "0000:c2:00.0"))
     sysfs = DeviceSysfs(str(fake.sys))
-    assert sysfs.pcie_root("0000:1a:00.0") == "pci0000:15"
-    assert sysfs.pcie_root("0000:9a:00.0") == "pci0000:97"
-    assert sysfs.pcie_root(None) is None and sysfs.pcie_root("0000:00:00.9") is None
+    roots = {d.name: sysfs.pcie_root(d) for d in sysfs.devices()}
+    # rxe1 sits on a PCI NIC's netdev: that NIC's root; rxe0's netdev is virtual: none
+    assert roots == {"mlx5_0": "pci0000:15", "mlx5_1": "pci0000:97", "rxe0": None, "rxe1": "pci0000:c1"}
 
 
 @pytest.mark.parametrize("kernel,dra", [("mlx5_bond_0", "mlx5-bond-0"), ("rxe0", "rxe0"), ("IRDMA_0", "irdma-0"),
