@@ -45,6 +45,7 @@ RAIL_SCRIPT = r"""
 for i in /sys/class/net/*; do echo "if ${i##*/}"; done
 [ -f /etc/nccl.conf ] && while read -r line; do case $line in NCCL_*) echo "nccl $line";; esac; done < /etc/nccl.conf
 for d in /dev/infiniband/*; do [ -e "$d" ] && echo "dev $d"; done
+exit 0
 """
 SLEEP = "trap 'exit 0' TERM; while :; do sleep 1; done"
 
@@ -157,14 +158,20 @@ def test_the_driver_publishes_the_nodes_rails_and_no_rdma_hca_units(cluster, dra
 
 def test_the_seed_job_runs_unchanged_through_the_extended_resource(cluster, dra):
     name = "seed-dra"
-    job = manifests.training_job(dra.pinned, name, RAIL_SCRIPT, pods=2)
+    # The pods stay up after their report: the scheduler's claim goes with a finished pod.
+    job = manifests.training_job(dra.pinned, name, RAIL_SCRIPT.replace("exit 0", "") + "echo reported\n" + SLEEP,
+                                 pods=2)
     began = time.monotonic()
     cluster.kubectl("apply", "-n", NAMESPACE, "-f", "-", stdin=json.dumps(job))
-    cluster.wait_for("the Job complete", lambda: cluster.get("job", name, "-n", NAMESPACE)["status"]
-                     .get("succeeded", 0) == 2, timeout=300)
-    REPORT.append(f"the seed's Job (rdma/hca: 1 each, through DRA) complete in {time.monotonic() - began:.1f} s")
+
+    def reported() -> bool:
+        pods = cluster.get("pods", "-n", NAMESPACE, "-l", f"job-name={name}")["items"]
+        return len(pods) == 2 and all(p["status"].get("phase") == "Running" and "reported" in report(
+            cluster, p["metadata"]["name"]) for p in pods)
+    cluster.wait_for("both pods Running and reported", reported, timeout=300)
+    REPORT.append(f"the seed's Job (rdma/hca: 1 each, through DRA): both pods Running {time.monotonic() - began:.1f} s "
+                  "after apply")
     pods = cluster.get("pods", "-n", NAMESPACE, "-l", f"job-name={name}")["items"]
-    assert len(pods) == 2
     for pod in pods:
         pod_name = pod["metadata"]["name"]
         made = pod["status"].get("extendedResourceClaimStatus") or {}
@@ -187,7 +194,7 @@ def test_the_seed_job_runs_unchanged_through_the_extended_resource(cluster, dra)
         REPORT.append(f"{pod_name}: claim {made['resourceClaimName']} -> {result['device']}, interfaces "
                       f"{sorted(got['if'])}, NCCL_IB_HCA={nccl['NCCL_IB_HCA']} NCCL_IB_GID_INDEX="
                       f"{nccl['NCCL_IB_GID_INDEX']}; claim status.devices networkData {json.dumps(network)}")
-    cluster.kubectl("delete", "job", name, "-n", NAMESPACE, "--wait=true", timeout=120)
+    cluster.kubectl("delete", "job", name, "-n", NAMESPACE, "--cascade=foreground", "--wait=true", timeout=120)
 
 
 def test_a_claim_for_two_rails_gives_the_pod_both(cluster, dra):

@@ -20,6 +20,9 @@ from rdma_netns.config.defaults import DEFAULT_POD_RESOURCES_SOCKET
 
 PROBE_NAMESPACE, PROBE_NAME = "rdma-netns-status", "probe"
 GET_DEVICE_PLUGIN_OPTIONS = "/v1beta1.DevicePlugin/GetDevicePluginOptions"  # package.Service/Method
+# The DRA driver's (docs/dra.md): an unprepare of no claims changes nothing and proves it serves.
+DRA_UNPREPARE = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources"
+DRA_DRIVER = "rdma-netns.io"
 DP_FIX = (f"check the rdma-netns-dp pod on this node: {DS_POD}, then `kubectl -n kube-system logs <pod> "
           "-c rdma-netns-dp`; it registers again by itself after a kubelet restart")
 
@@ -31,8 +34,9 @@ def _is_socket(path: str) -> bool:
         return False
 
 
-def _plugin_options(path: str, timeout: float) -> str | None:
-    """None when the device plugin at `path` answers GetDevicePluginOptions, else why not."""
+def _plugin_options(path: str, timeout: float, method: str = GET_DEVICE_PLUGIN_OPTIONS) -> str | None:
+    """None when the device plugin at `path` answers GetDevicePluginOptions (or the DRA driver
+    `method`), else why not."""
     import grpc
 
     # Raw bytes, no generated stubs: those are the device plugin's (rdma_netns_dp.api), which the
@@ -40,7 +44,7 @@ def _plugin_options(path: str, timeout: float) -> str | None:
     # does not matter, only that the plugin gives one.
     channel = grpc.insecure_channel(f"unix://{path}", options=[("grpc.enable_retries", 0)])
     try:
-        channel.unary_unary(GET_DEVICE_PLUGIN_OPTIONS)(b"", timeout=timeout)
+        channel.unary_unary(method)(b"", timeout=timeout)
         return None
     except grpc.RpcError as exc:
         return f"{exc.code().name}: {exc.details() or ''}".rstrip(": ")
@@ -74,9 +78,37 @@ def _socket_resources(sockets: list[str]) -> list[str]:
     return [name[len("rdma-netns-"):-len(".sock")].replace("_", "/", 1) for name in sockets]
 
 
+def dra_driver(ctx: Context, folder: str) -> list[Check]:
+    """A DRA node: the driver's socket answers, kubelet's plugin watcher has its registration
+    socket, and the claims its checkpoint holds."""
+    g = "DRA driver"
+    endpoint = os.path.join(folder, "dra.sock")
+    registration = os.path.join(ctx.opts.kubelet_dir, "plugins_registry", f"{DRA_DRIVER}-reg.sock")
+    problem = _plugin_options(endpoint, ctx.opts.timeout, DRA_UNPREPARE)
+    out = [Check(g, f"driver {DRA_DRIVER}", OK, f"serving on {endpoint}", data={"socket": endpoint})
+           if problem is None else
+           Check(g, f"driver {DRA_DRIVER}", FAIL, f"not serving on {endpoint} ({problem}): kubelet cannot prepare "
+                 "claims for new pods", DP_FIX, {"socket": endpoint, "error": problem})]
+    if _is_socket(registration):
+        out.append(Check(g, "registration", OK, f"{registration} is there for kubelet's plugin watcher"))
+    else:
+        out.append(Check(g, "registration", FAIL, f"no {registration}: kubelet does not know the driver", DP_FIX))
+    try:
+        with open(os.path.join(folder, "checkpoint.json")) as f:
+            claims = json.load(f).get("claims") or {}
+        out.append(Check(g, "prepared claims", OK, f"{len(claims)} claim(s) prepared on this node",
+                         data={"claims": sorted(f"{c.get('namespace')}/{c.get('name')}" for c in claims.values())}))
+    except (OSError, ValueError, AttributeError):
+        out.append(Check(g, "prepared claims", OK, "none (no checkpoint yet)", data={"claims": []}))
+    return out
+
+
 def device_plugin(ctx: Context) -> list[Check]:
     g = "Device plugin"
     opts = ctx.opts
+    dra_folder = os.path.join(opts.kubelet_dir, "plugins", DRA_DRIVER)
+    if _is_socket(os.path.join(dra_folder, "dra.sock")):
+        return dra_driver(ctx, dra_folder)
     plugins_dir = os.path.join(opts.kubelet_dir, "device-plugins")
     try:
         ours = sorted(n for n in os.listdir(plugins_dir) if n.startswith("rdma-netns-") and n.endswith(".sock"))

@@ -18,7 +18,7 @@ from rdma_netns.pod_cdi import spec_path
 from rdma_netns_dp.config import ResourceConfig, validate
 from rdma_netns_dp.dra import devices as dra_devices
 from rdma_netns_dp.dra import kube_api
-from rdma_netns_dp.dra.checkpoint import Checkpoint
+from rdma_netns_dp.dra.checkpoint import Checkpoint, PreparedClaim
 from rdma_netns_dp.dra.kube_api import ApiError
 from rdma_netns_dp.dra.prepare import CdiSettings, PrepareError, Preparer
 from rdma_netns_dp.dra.slices import MAX_DEVICES_PER_SLICE, SlicePublisher
@@ -374,3 +374,28 @@ def test_the_cni_attaches_a_dra_grants_rails_in_every_mode():
     assert granted_rails(units, Shared) is None and granted_rails(units, Exclusive) == ["hca-0001"]
     assert granted_rails(None, Shared) is None
     assert modes  # the real module imports
+
+
+def test_status_on_a_dra_node_asks_the_driver_and_counts_its_claims(tmp_path):
+    """`rdma-netns status` on a DRA node: the driver's socket answers a real gRPC call, the plugin
+    watcher's registration socket is there, and the checkpoint's claims are listed."""
+    from types import SimpleNamespace
+
+    from rdma_netns.admin import status_services
+    from rdma_netns_dp.dra.service import DeviceHealth, DraServer
+
+    kubelet = tmp_path / "k"
+    ctx = SimpleNamespace(opts=SimpleNamespace(kubelet_dir=str(kubelet), timeout=5.0))
+    server = DraServer(str(kubelet), DRIVER, preparer=None, health=DeviceHealth(NODE)).start()
+    try:
+        Checkpoint(str(kubelet / "plugins" / DRIVER / "checkpoint.json")).put(
+            PreparedClaim(
+                uid="c-1", namespace="ml", name="train-rails"))
+        checks = {c.name: c for c in status_services.device_plugin(ctx)}
+        assert checks[f"driver {DRIVER}"].state == "ok", checks
+        assert checks["registration"].state == "ok"
+        assert checks["prepared claims"].data["claims"] == ["ml/train-rails"]
+    finally:
+        server.stop()
+    checks = {c.name: c for c in status_services.dra_driver(ctx, str(kubelet / "plugins" / DRIVER))}
+    assert checks[f"driver {DRIVER}"].state == "fail" and checks["registration"].state == "fail"
