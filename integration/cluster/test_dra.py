@@ -48,6 +48,8 @@ for d in /dev/infiniband/*; do [ -e "$d" ] && echo "dev $d"; done
 exit 0
 """
 SLEEP = "trap 'exit 0' TERM; while :; do sleep 1; done"
+# Reports, then stays up: a finished pod's claims are released, so they are read while it runs.
+REPORT_AND_WAIT = RAIL_SCRIPT.replace("exit 0", "") + "echo reported\n" + SLEEP
 
 
 def image_values(image) -> list[str]:
@@ -159,8 +161,7 @@ def test_the_driver_publishes_the_nodes_rails_and_no_rdma_hca_units(cluster, dra
 def test_the_seed_job_runs_unchanged_through_the_extended_resource(cluster, dra):
     name = "seed-dra"
     # The pods stay up after their report: the scheduler's claim goes with a finished pod.
-    job = manifests.training_job(dra.pinned, name, RAIL_SCRIPT.replace("exit 0", "") + "echo reported\n" + SLEEP,
-                                 pods=2)
+    job = manifests.training_job(dra.pinned, name, REPORT_AND_WAIT, pods=2)
     began = time.monotonic()
     cluster.kubectl("apply", "-n", NAMESPACE, "-f", "-", stdin=json.dumps(job))
 
@@ -225,7 +226,7 @@ def fake_gpus(cluster, dra):
 
 def aligned_pod(image: str, name: str, gpu: int) -> list[dict]:
     """A pod whose claim asks for GPU number `gpu` and one rail under the same PCIe root."""
-    template, pod = claim_pod(image, name, 1, RAIL_SCRIPT)
+    template, pod = claim_pod(image, name, 1, REPORT_AND_WAIT)
     template["spec"]["spec"]["devices"] = {
         "requests": [
             {"name": "gpu", "exactly": {"deviceClassName": GPU_DRIVER, "count": 1, "selectors": [
@@ -237,7 +238,8 @@ def aligned_pod(image: str, name: str, gpu: int) -> list[dict]:
 
 def test_a_rail_aligned_with_a_gpu_lands_under_its_root(cluster, dra, fake_gpus):
     apply(cluster, aligned_pod(dra.pinned, "aligned", 1))
-    cluster.wait_for("the aligned pod done", lambda: phase(cluster, "aligned") == "Succeeded", timeout=180)
+    cluster.wait_for("the aligned pod Running and reported", lambda: phase(cluster, "aligned") == "Running"
+                     and "reported" in report(cluster, "aligned"), timeout=180)
     got = report(cluster, "aligned")
     assert set(got["if"]) == {"lo", "eth0", "rdma1"}, got  # rail 1: the one under gpu-1's root
     (claim,) = pod_claims(cluster, "aligned") or [None]
