@@ -177,6 +177,10 @@ def test_the_seed_job_runs_unchanged_through_the_extended_resource(cluster, dra)
         pod_name = pod["metadata"]["name"]
         made = pod["status"].get("extendedResourceClaimStatus") or {}
         assert made.get("resourceClaimName"), f"the scheduler made no claim for {pod_name}: {pod['status']}"
+        # The driver writes the claim's device status on its next pass after the pod's ADD.
+        cluster.wait_for("the claim's networkData", lambda: any(
+            d.get("networkData") for d in cluster.get("resourceclaim", made["resourceClaimName"], "-n", NAMESPACE)
+            ["status"].get("devices") or []), timeout=30)
         claim = cluster.get("resourceclaim", made["resourceClaimName"], "-n", NAMESPACE)
         (result,) = claim["status"]["allocation"]["devices"]["results"]
         assert (result["driver"], result["pool"]) == (DRIVER, HOST_NODE)
