@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from _socket import AF_INET, AF_INET6
 
-from rdma_netns import paths
 from rdma_netns.kernel import neigh_announce, rtnl, sysctl
 from rdma_netns.kernel.inet import Prefix
 from rdma_netns.kernel.netlink import NetlinkSocket, is_missing
 from rdma_netns.spec.errors import CHECK_FAILED, IPAM_FAILED, CniError
+from rdma_netns.util import paths
 
 
 class RailAddressing:

@@ -141,7 +141,7 @@ def build(packages: str, dest: str | None = None) -> int:
     """Write the file for the package installed in `packages`; returns how many modules it holds."""
     import os
 
-    from rdma_netns import fsutil
+    from rdma_netns.util import fsutil
 
     modules = {}
     blobs: list[bytes] = []

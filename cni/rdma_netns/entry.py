@@ -12,9 +12,10 @@ import posix
 import sys
 from time import monotonic
 
-from rdma_netns import grants_early, jsonio
+from rdma_netns import grants_early
 from rdma_netns.spec.env import CniEnv, process_environ, read_env
 from rdma_netns.spec.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, CniError
+from rdma_netns.util import jsonio
 
 INTERNAL_ERROR = 999
 # The most of stdin a call reads. A network config is small: one from the API server (a Multus

@@ -12,10 +12,11 @@ from __future__ import annotations
 import errno
 from _socket import socket
 
-from rdma_netns import events, jsonio
+from rdma_netns import events
 from rdma_netns.config.netconf import NetConfig
 from rdma_netns.grants_early import Early, ForeignBroker, connect_and_send, request
 from rdma_netns.spec.errors import PAIRING_UNAVAILABLE, CniError
+from rdma_netns.util import jsonio
 
 MAX_ANSWER = 1 << 20
 # Connection errors that mean "no broker here (any more)", as opposed to a broker that failed to

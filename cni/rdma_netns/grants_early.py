@@ -18,13 +18,13 @@ import posix
 import sys
 from _socket import AF_UNIX, SO_PEERCRED, SOCK_CLOEXEC, SOCK_STREAM, SOL_SOCKET, socket
 
-from rdma_netns import jsonio
 from rdma_netns.config.defaults import (
     DEFAULT_POD_GRANTS_SOCKET,
     DEFAULT_POD_RESOURCES_SOCKET,
     DEFAULT_POD_RESOURCES_TIMEOUT_MS,
     MAX_POD_RESOURCES_TIMEOUT_MS,
 )
+from rdma_netns.util import jsonio
 
 MAX_SOCKET_PATH = 107  # sun_path
 

@@ -25,8 +25,8 @@ import posix
 import sys
 import time
 
-from rdma_netns import fsutil, paths, trusted_paths
 from rdma_netns.spec.errors import INVALID_CONFIG, IO_FAILURE, TRY_AGAIN_LATER, CniError
+from rdma_netns.util import fsutil, paths, trusted_paths
 
 LOCKS = "locks"
 CACHE_FOLDER = "verified-configs"  # config/loader.py's verdicts

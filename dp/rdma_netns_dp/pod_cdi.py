@@ -13,8 +13,8 @@ yet removed by its DEL), and that pod's DEL leaves the placeholder alone (not it
 
 from __future__ import annotations
 
-from rdma_netns import jsonio
 from rdma_netns.pod_cdi import placeholder_spec, spec_path, valid_unit
+from rdma_netns.util import jsonio
 from rdma_netns_dp.cdi import write_if_changed
 
 

@@ -328,6 +328,6 @@ def test_the_grants_question_leaves_before_os_is_imported_and_a_pod_not_granted_
 
     fresh_add("c1")  # the config's first call validates it (pydantic, which loads os), then its verdict is cached
     lines, stdout = fresh_add("c2")
-    # Every later call: a pod that asked for no RDMA is passed through without os at all (paths.py).
+    # Every later call: a pod that asked for no RDMA is passed through without os at all (util/paths.py).
     assert "AT_END []" in lines, lines
     assert json.loads(stdout)["ips"][0]["address"] == "10.0.0.2/24" and len(b.requests) == 2
