@@ -300,7 +300,7 @@ class AttachmentState:
     for rails that share one IPAM call, ipam.hold_shared: an additive key, and an older reader's
     per-rail DEL under the holder's name still releases all of them, host-local keying leases by
     container and interface name).
-    published: what ADD publishes for the pod's containers (pod_cdi.py), so that DEL removes it from
+    published: what ADD publishes for the pod's containers (publish/pod_cdi.py), so that DEL removes it from
     the state alone (an additive field: older readers keep it in `extra`).
     Unknown top-level fields of a newer writer are kept in `extra` and written back unchanged.
     """

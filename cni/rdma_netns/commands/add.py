@@ -1,12 +1,12 @@
 """ADD: resolve the rails, record the attachment, then IPAM, interfaces, addresses in GID order,
-routing, and what the pod's containers are told (pod_cdi.py). Any failure rolls back from the
+routing, and what the pod's containers are told (publish/pod_cdi.py). Any failure rolls back from the
 record (teardown.py)."""
 
 from __future__ import annotations
 
 import posix
 
-from rdma_netns import faults, ipam, modes, pod_cdi, pod_info, rails
+from rdma_netns import faults, ipam, modes, rails
 from rdma_netns.commands import log
 from rdma_netns.commands.pod_netns import open_pod_netns
 from rdma_netns.config import loader
@@ -14,6 +14,7 @@ from rdma_netns.config.netconf import NetConfig
 from rdma_netns.grants_client import Grant
 from rdma_netns.kernel import netns, rdma_sysfs, rtnl
 from rdma_netns.kernel.netlink import NetlinkError, NetlinkSocket
+from rdma_netns.publish import pod_cdi, pod_info
 from rdma_netns.spec import versions
 from rdma_netns.spec.env import CniEnv
 from rdma_netns.spec.errors import (
@@ -126,7 +127,7 @@ def _save_ready(store: StateStore, env: CniEnv, state: AttachmentState, result: 
 
 
 def _publish(net: NetConfig, mode: modes.Mode, state: AttachmentState, result: dict, pod_fd: int) -> None:
-    """Tell the pod's containers about their rails (pod_cdi.py): the JSON file, and with pairing a
+    """Tell the pod's containers about their rails (publish/pod_cdi.py): the JSON file, and with pairing a
     CDI spec per granted unit, as planned in the state's first record; a failure fails the ADD,
     whose rollback removes what was written."""
     published = state.published

@@ -7,13 +7,14 @@ from __future__ import annotations
 import os
 from _socket import AF_INET, AF_INET6
 
-from rdma_netns import addressing, gid_order, ipam, modes, pod_cdi, rails
+from rdma_netns import addressing, gid_order, ipam, modes, rails
 from rdma_netns.commands import log
 from rdma_netns.commands.pod_netns import open_pod_netns_if_alive
 from rdma_netns.config import loader
 from rdma_netns.config.netconf import NetConfig
 from rdma_netns.kernel import netns, rtnl
 from rdma_netns.kernel.netlink import NetlinkSocket, is_missing
+from rdma_netns.publish import pod_cdi
 from rdma_netns.spec.env import CniEnv
 from rdma_netns.spec.errors import IPAM_FAILED, KERNEL_REJECTED, CniError
 from rdma_netns.state import AttachmentState, StateStore

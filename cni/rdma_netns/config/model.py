@@ -213,7 +213,7 @@ class NetConf(Strict):
     podGrantsSocket: str = DEFAULT_POD_GRANTS_SOCKET
     # Where each call's metrics event goes (events.py; the device plugin's metrics); "" = nowhere.
     eventsFifo: str = DEFAULT_EVENTS_FIFO
-    # Issue 17: what a pod's containers learn of their rails (pod_info.py, pod_cdi.py).
+    # Issue 17: what a pod's containers learn of their rails (publish/pod_info.py, publish/pod_cdi.py).
     podInfoDir: str = DEFAULT_POD_INFO_DIR  # "" = publish nothing
     cdiSpecDir: str = DEFAULT_CDI_SPEC_DIR
     cdiKind: str = DEFAULT_CDI_KIND

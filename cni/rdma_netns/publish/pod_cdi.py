@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import posix
 
-from rdma_netns import pod_info, testhooks
+from rdma_netns import testhooks
+from rdma_netns.publish import pod_info
 from rdma_netns.util import fsutil, jsonio, paths, trusted_paths
 
 CDI_VERSION = "0.5.0"
