@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from rdma_netns import execplugin
+from rdma_netns.rails import execplugin
 from rdma_netns.spec.errors import CniError
 from rdma_netns.state import AttachmentState, StateStore
 

@@ -440,7 +440,7 @@ def use_root(root: str) -> str:
     return previous
 
 
-# The CNI's names for the default reader's reads (kept stable for commands/, rails.py, modes/).
+# The CNI's names for the default reader's reads (kept stable for commands/, rails/nics.py, modes/).
 def subsystem_present() -> bool:
     return default.subsystem_present()
 

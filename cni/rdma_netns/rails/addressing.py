@@ -81,7 +81,7 @@ def configure(sock: NetlinkSocket, link: rtnl.Link, plan: RailAddressing, table:
     """Bring the link up and give it its addresses, its routing table and its source rules.
 
     The three steps are separate functions so that ADD can run the GID-producing ones (link up,
-    addresses) for all rails in lockstep under the node-wide GID order lock (gid_order.py) and
+    addresses) for all rails in lockstep under the node-wide GID order lock (rails/gid_order.py) and
     the routing outside it.
     """
     bring_up(sock, link, plan, link_local)

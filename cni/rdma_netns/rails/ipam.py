@@ -15,7 +15,7 @@ import posix
 
 from _socket import AF_INET, AF_INET6, inet_pton
 
-from rdma_netns import execplugin
+from rdma_netns.rails import execplugin
 from rdma_netns.spec import versions
 from rdma_netns.spec.env import process_environ
 from rdma_netns.spec.errors import IPAM_FAILED, CniError
