@@ -11,7 +11,7 @@ from rdma_netns.commands import log
 from rdma_netns.commands.pod_netns import open_pod_netns
 from rdma_netns.config import loader
 from rdma_netns.config.netconf import NetConfig
-from rdma_netns.grants_client import Grant
+from rdma_netns.grants.client import Grant
 from rdma_netns.kernel import netns, rdma_sysfs, rtnl
 from rdma_netns.kernel.netlink import NetlinkError, NetlinkSocket
 from rdma_netns.publish import pod_cdi, pod_info

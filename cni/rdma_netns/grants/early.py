@@ -3,7 +3,7 @@
 An ADD with pairing spends ~1.5 ms waiting for the broker (and kubelet behind it), and ~1.5 ms
 importing and loading its own code. They need not come one after the other: as soon as the raw
 config is read, send() asks the broker what a validated config would ask (the same defaults), and
-the rest of start-up runs while the broker works. grants_client.query takes the answer only when
+the rest of start-up runs while the broker works. client.query takes the answer only when
 the validated config asks the very same question of the very same broker; otherwise, or when
 anything here fails, it asks again the ordinary way. So this can cost a wasted question, never a
 wrong answer.
