@@ -4,7 +4,9 @@ Policy lives here; kernel access goes through kernel/, per-mode interface moves 
 modes/, each rail's plan, IPAM, addresses and routing through rails/. Every ADD writes its state
 before the first change, so that a crash at any point leaves a record DEL (or GC) can undo.
 entry.py imports only the command it runs; an ADD goes through pairing.py first, which asks
-grants/ what the pod was granted and loads add.py only for a pod that gets rails.
+grants/ what the pod was granted and loads add.py only for a pod that gets rails. Modules here
+may import every layer below (modes/, grants/, rails/, publish/, config/, kernel/, spec/,
+state.py, events.py, faults.py); only entry.py imports them.
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@ config and a state's record to a mode:
 - exclusive.py: the whole NIC, netdev and RDMA device, moves into the pod (exclusive mode);
 - rdma_device.py: exclusive, chained after a netdev plugin without IPAM: only the RDMA device moves.
 A new link type is a new Mode module (or a new link kind of SharedMode) plus the config model.
+Modules here may import rails/nics.py (the Rail they attach), config/netconf.py, kernel/, spec/,
+mode_policy.py and faults.py; never commands/, which calls them.
 """
 
 from __future__ import annotations
