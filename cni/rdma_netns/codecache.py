@@ -31,9 +31,9 @@ OPTIMIZE = 2
 FILE_NAME = f"cni-hot-path.{sys.implementation.cache_tag}.bundle"
 # What a CNI call can load, as import roots; build() takes their whole import closure. Modules a
 # command imports later, inside a function, are roots too when they are common enough.
-ROOTS = ("rdma_netns.entry", "rdma_netns.pairing", "rdma_netns.commands.add", "rdma_netns.commands.teardown",
+ROOTS = ("rdma_netns.entry", "rdma_netns.commands.pairing", "rdma_netns.commands.add", "rdma_netns.commands.teardown",
          "rdma_netns.commands.check", "rdma_netns.commands.gc", "rdma_netns.commands.status",
-         "rdma_netns.node_range", "rdma_netns.kernel.netns_sysfs", "rdma_netns.modes.exclusive")
+         "rdma_netns.rails.node_range", "rdma_netns.kernel.netns_sysfs", "rdma_netns.modes.exclusive")
 _ModuleSpec = type(sys.__spec__)  # importlib's ModuleSpec, without importing importlib
 
 
@@ -141,7 +141,7 @@ def build(packages: str, dest: str | None = None) -> int:
     """Write the file for the package installed in `packages`; returns how many modules it holds."""
     import os
 
-    from rdma_netns import fsutil
+    from rdma_netns.util import fsutil
 
     modules = {}
     blobs: list[bytes] = []

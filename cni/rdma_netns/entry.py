@@ -2,7 +2,7 @@
 
 Start-up time is part of every pod event, so this module imports only the standard library
 pieces every command needs; each command pulls in its own code lazily. Not even os: its import
-costs ~1 ms of a cold interpreter, and an ADD's grants question (grants_early.py) leaves before it,
+costs ~1 ms of a cold interpreter, and an ADD's grants question (grants/early.py) leaves before it,
 so that the broker works while os and the rest load.
 """
 
@@ -12,9 +12,10 @@ import posix
 import sys
 from time import monotonic
 
-from rdma_netns import grants_early, jsonio
+from rdma_netns.grants import early as grants_early
 from rdma_netns.spec.env import CniEnv, process_environ, read_env
 from rdma_netns.spec.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, CniError
+from rdma_netns.util import jsonio
 
 INTERNAL_ERROR = 999
 # The most of stdin a call reads. A network config is small: one from the API server (a Multus
@@ -90,7 +91,7 @@ def _run_cni(environ: dict[str, str] | None, stdin: bytes | None, outcome: dict)
             return 0
         raw = parse_config(data)
         if env.command == "ADD":
-            early = grants_early.send(raw, env.args)  # answered while the rest loads (grants_early.py)
+            early = grants_early.send(raw, env.args)  # answered while the rest loads (grants/early.py)
         # Imported only now (not at the top): with the grants question on its way, their loading
         # overlaps the broker's work.
         from rdma_netns import events
@@ -110,7 +111,7 @@ def _run_cni(environ: dict[str, str] | None, stdin: bytes | None, outcome: dict)
             cfg = loader.load(raw)
             loader.apply_cni_args(cfg, env.args)  # DEL uses no per-call MAC; a bad one must not stop it
         if env.command == "ADD":
-            from rdma_netns import pairing
+            from rdma_netns.commands import pairing
 
             _emit(pairing.add(env, cfg, early))
         elif env.command == "DEL":

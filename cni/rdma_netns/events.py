@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import posix
 
-from rdma_netns import jsonio, trusted_paths
 from rdma_netns.config.defaults import DEFAULT_EVENTS_FIFO as DEFAULT_PATH
+from rdma_netns.util import jsonio, trusted_paths
 
 PIPE_BUF = 4096
 _FIFO = 0o010000

@@ -25,8 +25,8 @@ import posix
 import sys
 import time
 
-from rdma_netns import fsutil, paths, trusted_paths
 from rdma_netns.spec.errors import INVALID_CONFIG, IO_FAILURE, TRY_AGAIN_LATER, CniError
+from rdma_netns.util import fsutil, paths, trusted_paths
 
 LOCKS = "locks"
 CACHE_FOLDER = "verified-configs"  # config/loader.py's verdicts
@@ -300,7 +300,7 @@ class AttachmentState:
     for rails that share one IPAM call, ipam.hold_shared: an additive key, and an older reader's
     per-rail DEL under the holder's name still releases all of them, host-local keying leases by
     container and interface name).
-    published: what ADD publishes for the pod's containers (pod_cdi.py), so that DEL removes it from
+    published: what ADD publishes for the pod's containers (publish/pod_cdi.py), so that DEL removes it from
     the state alone (an additive field: older readers keep it in `extra`).
     Unknown top-level fields of a newer writer are kept in `extra` and written back unchanged.
     """

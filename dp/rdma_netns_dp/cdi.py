@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import os
 
-from rdma_netns import fsutil
 from rdma_netns.kernel.rdma_devices import RdmaDevice
+from rdma_netns.util import fsutil
 from rdma_netns_dp.allocation import RDMA_CM, cdi_kind
 
 CDI_VERSION = "0.5.0"  # what the spec needs; Podman 4.3 refuses 0.6.0 specs altogether

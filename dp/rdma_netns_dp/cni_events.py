@@ -18,7 +18,7 @@ import stat
 import threading
 from collections.abc import Callable
 
-from rdma_netns import fsutil
+from rdma_netns.util import fsutil
 
 log = logging.getLogger("rdma_netns_dp.cni_events")
 

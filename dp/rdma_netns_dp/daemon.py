@@ -11,10 +11,11 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from rdma_netns import fsutil, mode_policy, probe_file
+from rdma_netns import mode_policy
 from rdma_netns.kernel.rdma_devices import DeviceSysfs, RdmaDevice
 from rdma_netns.kernel.rdma_sysfs import GidUsage, RdmaPort
 from rdma_netns.kubelet import podresources, ratelimit
+from rdma_netns.util import fsutil, probe_file
 from rdma_netns_dp import away, cdi, kernel_mode
 from rdma_netns_dp.cni_state import device_netns
 from rdma_netns_dp.config import DevicePluginConfig

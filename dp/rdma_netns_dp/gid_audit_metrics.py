@@ -1,5 +1,5 @@
 """`rdma_netns_gid_entries_unexplained`: GID entries of pods' interfaces no attachment record
-explains (rdma_netns.gid_audit), per RDMA port, for an alert on a tenant filling the table.
+explains (rdma_netns.rails.gid_audit), per RDMA port, for an alert on a tenant filling the table.
 
 The audit reads a whole GID table per port and every CNI state file, so it runs in a thread of
 its own at most once per `interval` seconds; a scrape only reads its last result (a scrape's cost
@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from rdma_netns import gid_audit
 from rdma_netns.kernel.rdma_sysfs import RdmaPort, RdmaSysfs
+from rdma_netns.rails import gid_audit
 
 log = logging.getLogger("rdma_netns_dp.gid_audit")
 

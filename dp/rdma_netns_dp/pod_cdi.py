@@ -1,4 +1,4 @@
-"""The device plugin's part of the per-pod CDI device (issue 17; the CNI's is rdma_netns.pod_cdi).
+"""The device plugin's part of the per-pod CDI device (issue 17; the CNI's is rdma_netns.publish.pod_cdi).
 
 With the resource option podCdi (shared mode), Allocate names `<podCdiKind>=<unit>` for every
 unit it hands out. The runtime resolves that name when it creates each container, from the spec
@@ -13,8 +13,8 @@ yet removed by its DEL), and that pod's DEL leaves the placeholder alone (not it
 
 from __future__ import annotations
 
-from rdma_netns import jsonio
-from rdma_netns.pod_cdi import placeholder_spec, spec_path, valid_unit
+from rdma_netns.publish.pod_cdi import placeholder_spec, spec_path, valid_unit
+from rdma_netns.util import jsonio
 from rdma_netns_dp.cdi import write_if_changed
 
 

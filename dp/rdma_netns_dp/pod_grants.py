@@ -31,8 +31,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from rdma_netns import fsutil
 from rdma_netns.kubelet import podresources, ratelimit
+from rdma_netns.util import fsutil
 from rdma_netns_dp.grant_rounds import GrantRounds
 
 log = logging.getLogger("rdma_netns_dp.pod_grants")

@@ -9,7 +9,7 @@ from concurrent import futures
 
 import grpc
 
-from rdma_netns import fsutil
+from rdma_netns.util import fsutil
 from rdma_netns_dp.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from rdma_netns_dp.api.pluginregistration.v1 import api_pb2 as reg_pb2
 from rdma_netns_dp.api.pluginregistration.v1 import api_pb2_grpc as reg_pb2_grpc

@@ -44,7 +44,7 @@ def per_call_us(fn, runs: int) -> dict:
 
 
 IMPORT_PROBE = """
-import time, rdma_netns.jsonio
+import time, rdma_netns.util.jsonio
 started = time.perf_counter_ns()
 import rdma_netns.events
 print((time.perf_counter_ns() - started) / 1000)

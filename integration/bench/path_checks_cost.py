@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What the rule for paths a config names (rdma_netns.trusted_paths) costs one CNI call.
+"""What the rule for paths a config names (rdma_netns.util.trusted_paths) costs one CNI call.
 
 A default ADD checks stateDir, podInfoDir, cdiSpecDir and eventsFifo at load, makes its state
 folders (network, locks) and sends its event through the FIFO: this runs exactly those checks, on
@@ -17,7 +17,7 @@ import posix
 import statistics
 import time
 
-from rdma_netns import trusted_paths as t
+from rdma_netns.util import trusted_paths as t
 
 PATHS = {"stateDir": "/var/lib/cni/rdma-netns", "podInfoDir": "/run/rdma-netns/pods",
          "cdiSpecDir": "/var/run/cdi", "eventsFifo": "/run/rdma-netns/cni-events"}

@@ -10,7 +10,10 @@ then measures, side by side in one run:
     a pod without rdma/hca, and a granted pod (rdma/hca: 1: every rail of the node);
   * a burst of --burst pods created at once on the node: time until all are Running, granted
     against the same burst without rdma/hca, and the failed sandboxes (kubelet's events
-    FailedCreatePodSandBox: must be 0).
+    FailedCreatePodSandBox: must be 0);
+  * then the same node in DRA mode (the chart with dra.enabled, docs/dra.md): the same pods, the
+    granted ones served through the DeviceClass's extendedResourceName (the scheduler makes a
+    claim, kubelet prepares it), against plain pods again, one at a time and in a burst.
 "Create" is the moment before the API POST; "Running" the moment the API server's watch event
 arrives; "first log line" the container's own first line (the kernel's uptime it read, as wall time).
 The cluster is taken down at the end.
@@ -33,6 +36,7 @@ from pathlib import Path
 
 from integration.cluster import manifests, tools_image
 from integration.cluster.cluster import Cluster
+from integration.cluster.host_rdma import RAILS, rail_netdev
 from integration.cluster.layout import API_PORT, CONTROL_IP, HOST_NODE, REPO, Layout
 from integration.cluster.pki import ADMIN
 
@@ -156,6 +160,53 @@ def failed_sandboxes(api: Api) -> int:
     return sum(e.get("count", 1) for e in events if e.get("reason") == "FailedCreatePodSandBox")
 
 
+def measure(api: Api, cluster: Cluster, watch: RunningWatch, image: str, args: argparse.Namespace,
+            granted_kind: str) -> dict:
+    """Plain and granted pods alternating one at a time (medians), then a burst of each."""
+    singles: dict[str, dict[str, list[float]]] = {}
+    for i in range(args.samples):  # alternate, so that drift hits both alike
+        for kind, granted in (("plain", False), (granted_kind, True)):
+            name = f"{kind}-{i}"
+            created = create(api, [name], image, granted)[name]
+            running = watch.wait([name])[name]
+            line = first_line(api, name)
+            entry = singles.setdefault(kind, {"running": [], "first_line": []})
+            entry["running"].append(running - created)
+            entry["first_line"].append(line - created)
+            delete_all(api, cluster)
+    out: dict = {"single": {k: {m: round(statistics.median(v), 3) for m, v in d.items()} for k, d in singles.items()},
+                 "single_raw": singles}
+    bursts: dict = {}
+    for kind, granted in (("plain", False), (granted_kind, True)):
+        names = [f"burst-{kind}-{i}" for i in range(args.burst)]
+        created = create(api, names, image, granted)
+        running = watch.wait(names)
+        first = min(created.values())
+        bursts[kind] = {"all_running_s": round(max(running.values()) - first, 3),
+                        "median_running_s": round(statistics.median(running[n] - created[n] for n in names), 3),
+                        "failed_sandboxes": failed_sandboxes(api)}
+        delete_all(api, cluster)
+    bursts["ratio_all_running"] = round(bursts[granted_kind]["all_running_s"] / bursts["plain"]["all_running_s"], 2)
+    out["burst_result"] = bursts
+    return out
+
+
+def switch_to_dra(cluster: Cluster, pinned: str) -> None:
+    """The device plugin's DaemonSet out, the chart's DRA release in (this cluster has no
+    kube-proxy: the driver reaches the API server directly)."""
+    cluster.kubectl("delete", "-f", "-", "--wait=true", stdin=manifests.daemonset(pinned), timeout=300)
+    repository, digest = pinned.split("@")
+    rails = [{"netdev": rail_netdev(r), "ifname": f"rdma{r}"} for r in range(RAILS)]
+    cluster.helm("install", "rdma-netns", str(REPO / "deploy" / "helm" / "rdma-netns"), "-n", "kube-system",
+                 "--set-json", f"rails={json.dumps(rails)}", "--set", "dra.enabled=true",
+                 "--set", f"dra.apiServer={CONTROL_IP}:{API_PORT}", "--set", f"image.repository={repository}",
+                 "--set", f"image.digest={digest}")
+    cluster.wait_for("the DRA DaemonSet Ready", lambda: cluster.get("ds", "rdma-netns-dp", "-n", "kube-system")
+                     ["status"].get("numberReady") == 1, timeout=300)
+    cluster.wait_for("the node's ResourceSlice", lambda: any(
+        s["spec"]["driver"] == "rdma-netns.io" for s in cluster.get("resourceslices")["items"]), timeout=120)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=7)
@@ -187,31 +238,9 @@ def main() -> int:
         enter_netns(layout.netns_path)
         api = Api(layout)
         watch = RunningWatch(api)
-        singles: dict[str, dict[str, list[float]]] = {}
-        for i in range(args.samples):  # alternate, so that drift hits both alike
-            for kind, granted in (("plain", False), ("granted", True)):
-                name = f"{kind}-{i}"
-                created = create(api, [name], tools.name, granted)[name]
-                running = watch.wait([name])[name]
-                line = first_line(api, name)
-                entry = singles.setdefault(kind, {"running": [], "first_line": []})
-                entry["running"].append(running - created)
-                entry["first_line"].append(line - created)
-                delete_all(api, cluster)
-        results["single"] = {k: {m: round(statistics.median(v), 3) for m, v in d.items()} for k, d in singles.items()}
-        results["single_raw"] = singles
-        bursts = {}
-        for kind, granted in (("plain", False), ("granted", True)):
-            names = [f"burst-{kind}-{i}" for i in range(args.burst)]
-            created = create(api, names, tools.name, granted)
-            running = watch.wait(names)
-            first = min(created.values())
-            bursts[kind] = {"all_running_s": round(max(running.values()) - first, 3),
-                            "median_running_s": round(statistics.median(running[n] - created[n] for n in names), 3),
-                            "failed_sandboxes": failed_sandboxes(api)}
-            delete_all(api, cluster)
-        bursts["ratio_all_running"] = round(bursts["granted"]["all_running_s"] / bursts["plain"]["all_running_s"], 2)
-        results["burst_result"] = bursts
+        results["device_plugin"] = measure(api, cluster, watch, tools.name, args, "granted")
+        switch_to_dra(cluster, facts["pinned"])
+        results["dra"] = measure(api, cluster, watch, tools.name, args, "dra")
     finally:
         cluster.down()
     print(json.dumps(results, indent=1))

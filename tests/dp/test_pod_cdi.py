@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import stat
 
-from rdma_netns.pod_cdi import build_spec
+from rdma_netns.publish.pod_cdi import build_spec
 from tests.dp.conftest import RESOURCE, SLUG, Host
 from tests.dp.test_allocate import ALL_NAMES
 

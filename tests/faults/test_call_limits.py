@@ -103,7 +103,7 @@ def test_a_release_install_ignores_the_crash_point_variable(node, release_instal
 def test_a_release_install_ignores_the_sysfs_and_dev_roots(tmp_path, release_install):
     """RDMA_NETNS_DEV_ROOT changed the device paths written into CDI specs, RDMA_NETNS_SYSFS_ROOT
     what the plugin believes the kernel's RDMA devices are; a release reads /dev and /sys."""
-    script = ("from rdma_netns import pod_cdi; from rdma_netns.kernel import rdma_sysfs;"
+    script = ("from rdma_netns.publish import pod_cdi; from rdma_netns.kernel import rdma_sysfs;"
               "print(pod_cdi.DEV_ROOT, rdma_sysfs.default.root)")
     env = dict(os.environ, RDMA_NETNS_SYSFS_ROOT=str(tmp_path / "sys"), RDMA_NETNS_DEV_ROOT=str(tmp_path / "dev"))
     site = Path(release_install).parent / "site-packages"

@@ -174,7 +174,7 @@ def umount(path: str) -> None:
 
 def test_state_folder_chmod_0500_still_works_and_keeps_its_mode(node):
     """As root, mode bits do not make a folder unwritable (CAP_DAC_OVERRIDE): the plugin works,
-    and leaves the modes as it found them (it never changes a folder's mode: trusted_paths.py)."""
+    and leaves the modes as it found them (it never changes a folder's mode: util/trusted_paths.py)."""
     pod = node.pod()
     conf = node.conf()
     node.cni("ADD", conf, pod).ok()

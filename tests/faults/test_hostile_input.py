@@ -204,7 +204,7 @@ def test_ipam_config_refused_on_add_and_del_leaves_no_state(node, bad, code):
 
 
 # Found by test_mutated_valid_config (CI, issue 36): `"ranges": -1` on a rail crashed ADD with
-# 999 "TypeError: object of type 'int' has no len()" in ipam.py, reached from hold_shared. Every
+# 999 "TypeError: object of type 'int' has no len()" in rails/ipam.py, reached from hold_shared. Every
 # IPAM key the plugin reads itself is type-checked before use: code 7, naming the key.
 @pytest.mark.parametrize("rails,bad,key", [
     (1, {"ranges": -1}, "ranges"),

@@ -2,7 +2,7 @@
 
 A config is not always written by root's equals (a Multus NetworkAttachmentDefinition, a ConfigMap
 an operator edits), yet the plugin runs as root. So stateDir, podInfoDir, cdiSpecDir and eventsFifo
-are used only where nobody but root can change them (cni/rdma_netns/trusted_paths.py,
+are used only where nobody but root can change them (cni/rdma_netns/util/trusted_paths.py,
 docs/security.md "Paths a config names"); a refused one is a code-7 error naming the key, and
 nothing on the disk changes: no folder made, no mode changed, no file opened.
 """

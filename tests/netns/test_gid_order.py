@@ -18,14 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from rdma_netns import gid_order
 from rdma_netns.kernel import netns, rtnl
 from rdma_netns.kernel.netlink import NetlinkSocket
+from rdma_netns.rails import gid_order
 from tests.netns.conftest import _need_root, ip
 
 HOLD = (
     "import sys, time\n"
-    "from rdma_netns import gid_order\n"
+    "from rdma_netns.rails import gid_order\n"
     "state, log, hold, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])\n"
     "with gid_order.Lockstep(state, timeout) as lock:\n"
     "    start = time.time()\n"

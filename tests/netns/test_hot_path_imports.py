@@ -92,7 +92,7 @@ BARE_PROBE = (  # as the launcher starts Python (-IS: no site, which would impor
 
 def test_add_never_imports_os(node):
     """`import os` is ~1 ms of a cold interpreter: the whole ADD (IPAM, links, addresses, routing,
-    the published files, two state records) runs on posix and paths.py. The first call of a
+    the published files, two state records) runs on posix and util/paths.py. The first call of a
     config is the control: pydantic loads os."""
     import rdma_netns
 

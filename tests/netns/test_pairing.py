@@ -214,7 +214,7 @@ def test_repeated_del_does_not_run_ipam_again(node, kubelet, short_tmp):
     node.cni("ADD", conf, pod, cni_path=cni_path, extra_env=k8s_args("trainer")).ok()
     node.cni("DEL", conf, pod, cni_path=cni_path).ok()
     after_first = calls.read_text().split("\n")
-    # the two rails' host-local configs differ only in their ranges: one call serves both (ipam.py)
+    # the two rails' host-local configs differ only in their ranges: one call serves both (rails/ipam.py)
     assert [line for line in after_first if line] == ["ADD rdma0", "DEL rdma0"]
     for _ in range(2):
         node.cni("DEL", conf, None, netns="", cni_path=cni_path).ok()

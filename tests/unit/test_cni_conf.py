@@ -371,8 +371,8 @@ def test_our_own_file_is_never_the_primary_and_no_primary_means_nothing_to_do(no
 def test_temp_files_are_never_a_name_the_runtime_loads(node: Node, monkeypatch):
     """In process, every rename cni-conf makes is recorded: the source is a hidden name whose
     extension libcni does not load, and the destination is whole, valid JSON at once."""
-    from rdma_netns import fsutil
     from rdma_netns.admin import cni_conf
+    from rdma_netns.util import fsutil
 
     renames: list[tuple[str, str]] = []
     real_rename = os.rename

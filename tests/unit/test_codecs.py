@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from tests.hypothesis_profiles import examples
 
-from rdma_netns import jsonio
 from rdma_netns.kernel.inet import Prefix
+from rdma_netns.util import jsonio
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),

@@ -43,7 +43,7 @@ def test_runtime_keys_are_not_part_of_the_contract():
     ({"ipam": None, "rails": None, "mode": "shared"}, "ipam"),
     ({"gidWaitMs": -1}, "gidWaitMs"),
     ({"ipam": {"type": "a/b"}}, "ipam.type"),
-    # the IPAM keys rdma-netns reads itself (ipam.py, status): host-local's types, named
+    # the IPAM keys rdma-netns reads itself (rails/ipam.py, status): host-local's types, named
     ({"rails": [{"netdev": "eth1", "ipam": {"type": "host-local", "ranges": -1}}]}, "rails.0.ipam: ranges must"),
     ({"ipam": {"type": "host-local", "ranges": [[{"subnet": None}]]}}, "ipam: ranges.0.0.subnet must"),
     ({"ipam": {"type": "static", "routes": [{"dst": 1}]}}, "ipam: routes.0 must"),

@@ -17,8 +17,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from rdma_netns import grants_client, pairing
+from rdma_netns.commands import pairing
 from rdma_netns.config.netconf import NetConfig
+from rdma_netns.grants import client as grants_client
 from rdma_netns.spec.env import CniEnv
 from rdma_netns.spec.errors import CniError
 
@@ -195,7 +196,7 @@ def test_pairing_rules():
     assert err.value.code == 108
 
 
-# ---- the early question (grants_early.py): asked before validation, its answer taken only when
+# ---- the early question (grants/early.py): asked before validation, its answer taken only when
 # the validated config asks the very same question of the very same broker
 
 
@@ -217,7 +218,7 @@ def validated(broker: str, **extra) -> NetConfig:
 
 
 def test_the_early_question_is_the_one_asked_and_its_answer_is_used(broker_with):
-    from rdma_netns import grants_early
+    from rdma_netns.grants import early as grants_early
 
     b = broker_with(lambda _: GRANTED)
     early = grants_early.send(raw_config(b.path), POD_ARGS)
@@ -237,7 +238,7 @@ def test_the_early_question_is_the_one_asked_and_its_answer_is_used(broker_with)
 def test_an_early_question_that_differs_is_dropped_and_asked_again(broker_with):
     """The validated config asks something else (here: another pod UID): the early answer is not
     taken, whatever it says, and the right question is asked."""
-    from rdma_netns import grants_early
+    from rdma_netns.grants import early as grants_early
 
     b = broker_with(lambda data: GRANTED if b'"uid-2"' in data else b'{"v": 1, "found": false, "via": "Get"}\n')
     early = grants_early.send(raw_config(b.path), POD_ARGS)
@@ -248,7 +249,7 @@ def test_an_early_question_that_differs_is_dropped_and_asked_again(broker_with):
 
 
 def test_early_question_only_for_values_validation_takes_as_they_are(broker_with, tmp_path):
-    from rdma_netns import grants_early
+    from rdma_netns.grants import early as grants_early
 
     b = broker_with(lambda _: GRANTED)
     assert grants_early.send(raw_config(b.path, podResourcesTimeoutMs=True), POD_ARGS) is None
@@ -328,6 +329,6 @@ def test_the_grants_question_leaves_before_os_is_imported_and_a_pod_not_granted_
 
     fresh_add("c1")  # the config's first call validates it (pydantic, which loads os), then its verdict is cached
     lines, stdout = fresh_add("c2")
-    # Every later call: a pod that asked for no RDMA is passed through without os at all (paths.py).
+    # Every later call: a pod that asked for no RDMA is passed through without os at all (util/paths.py).
     assert "AT_END []" in lines, lines
     assert json.loads(stdout)["ips"][0]["address"] == "10.0.0.2/24" and len(b.requests) == 2

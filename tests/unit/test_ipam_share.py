@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from rdma_netns import execplugin, ipam
+from rdma_netns.rails import execplugin, ipam
 from rdma_netns.spec.errors import CniError
 
 HOST_LOCAL_DIR = "/usr/lib/cni"

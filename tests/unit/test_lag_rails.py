@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import pytest
 
-from rdma_netns import rails
 from rdma_netns.commands.add import _missing_gid
 from rdma_netns.kernel import rdma_sysfs, rtnl
 from rdma_netns.kernel.rdma_sysfs import RdmaPort
 from rdma_netns.modes.exclusive import ExclusiveMode
+from rdma_netns.rails import nics
 from rdma_netns.spec.errors import CniError
 from tests.fake_rdma_sysfs import FakeRdmaSysfs, lingjun_host
 from tests.unit.test_rdma_sysfs import net, rail
@@ -42,12 +42,12 @@ def test_the_kernel_layer_maps_a_lag_device_to_its_bond_and_back(lag):
                                   {"pciAddress": "0000:3b:00.0"}, {"pciAddress": "0000:3b:00.1"},
                                   {"netdev": "eth4"}])
 def test_every_rail_form_is_the_same_bond_rail(lag, form):
-    (only,) = rails.plan(net(rails=[rail(**form)]), "net1", None, chained=True)
+    (only,) = nics.plan(net(rails=[rail(**form)]), "net1", None, chained=True)
     assert (only.netdev, only.rdma) == ("bond1", RdmaPort("mlx5_bond_1", 1))
 
 
 def test_rails_omitted_one_per_lag_device_never_per_member(lag):
-    plan = rails.plan(net(), "eth0", None, chained=True)
+    plan = nics.plan(net(), "eth0", None, chained=True)
     assert [(r.ifname, r.netdev, r.rdma.device) for r in plan] == [
         ("rdma0", "bond0", "mlx5_bond_0"), ("rdma1", "bond1", "mlx5_bond_1"),
         ("rdma2", "bond2", "mlx5_bond_2"), ("rdma3", "bond3", "mlx5_bond_3")]
@@ -57,8 +57,8 @@ def test_kubelet_grants_and_device_ids_name_lag_rails(lag):
     both = [rail(netdev="bond0"), rail(netdev="bond1")]
     paired = net(rails=both, resourceName="rdma/hca")
     for unit in ("0000:1a:00.0", "mlx5_bond_0", "0000:1a:00.1"):
-        assert [r.netdev for r in rails.plan(paired, "eth0", None, True, [unit])] == ["bond0"]
-    assert [r.netdev for r in rails.plan(net(rails=both), "net1", "0000:3b:00.1", chained=False)] == ["bond1"]
+        assert [r.netdev for r in nics.plan(paired, "eth0", None, True, [unit])] == ["bond0"]
+    assert [r.netdev for r in nics.plan(net(rails=both), "net1", "0000:3b:00.1", chained=False)] == ["bond1"]
 
 
 def test_a_bond_over_ports_without_rdma_says_so(tmp_path, monkeypatch):
@@ -68,7 +68,7 @@ def test_a_bond_over_ports_without_rdma_says_so(tmp_path, monkeypatch):
     fake.add_bond("bond7", ["eth7"])
     monkeypatch.setattr(rdma_sysfs.default, "root", str(fake.sys))
     with pytest.raises(CniError) as err:
-        rails.plan(net(rails=[rail(netdev="bond7")]), "net1", None, chained=False)
+        nics.plan(net(rails=[rail(netdev="bond7")]), "net1", None, chained=False)
     assert err.value.code == 104 and "bond members eth7" in err.value.msg
 
 
@@ -79,19 +79,19 @@ def test_mlx5_per_port_beside_lag(tmp_path, monkeypatch):
     fake.add_pci_device("mlx5_1", "0000:1a:00.1", "ens1f1np1")
     fake.add_lag_device("mlx5_bond_0", ("0000:3b:00.0", "0000:3b:00.1"), ("eth3", "eth4"), "bond0")
     monkeypatch.setattr(rdma_sysfs.default, "root", str(fake.sys))
-    plan = rails.plan(net(), "eth0", None, chained=True)
+    plan = nics.plan(net(), "eth0", None, chained=True)
     assert [(r.netdev, r.rdma.device) for r in plan] == [("ens1f0np0", "mlx5_0"), ("ens1f1np1", "mlx5_1"),
                                                          ("bond0", "mlx5_bond_0")]
 
 
 def test_two_rails_naming_one_bond_are_refused(lag):
     with pytest.raises(CniError) as err:
-        rails.plan(net(rails=[rail(netdev="bond0"), rail(rdmaDevice="mlx5_bond_0")]), "n", None, False)
+        nics.plan(net(rails=[rail(netdev="bond0"), rail(rdmaDevice="mlx5_bond_0")]), "n", None, False)
     assert err.value.code == 7 and "same netdev" in err.value.msg
 
 
 def test_exclusive_mode_refuses_a_bond_rail_before_anything_moves(lag):
-    (bond_rail,) = rails.plan(net(rails=[rail(netdev="bond0")]), "net1", None, chained=False)
+    (bond_rail,) = nics.plan(net(rails=[rail(netdev="bond0")]), "net1", None, chained=False)
     parent = rtnl.Link(index=9, name="bond0", flags=rtnl.IFF_UP, mac="02:00:00:00:00:09", kind="bond",
                        parent_index=0)
     with pytest.raises(CniError) as err:
@@ -118,7 +118,7 @@ def test_a_full_table_is_named_in_the_error(lag):
     while lag.add_gid("mlx5_bond_0", f"fd00:0001:0000:0000:0000:0000:0001:{n:04x}", "rdma0") is not None:
         n += 1
     assert n == 126
-    (bond_rail,) = rails.plan(net(rails=[rail(netdev="bond0")]), "rdma0", None, chained=True)
+    (bond_rail,) = nics.plan(net(rails=[rail(netdev="bond0")]), "rdma0", None, chained=True)
     err = _missing_gid(bond_rail, "mlx5_bond_0", 1, "fd00:1::2:1", 3.0, None)
     assert err.code == 104
     assert err.msg.startswith("GID table of mlx5_bond_0 port 1 is full (254/255 entries used, 2 per address)")
@@ -132,7 +132,7 @@ def test_a_gid_of_another_type_only_is_named(lag):
     p = lag.devices["mlx5_bond_0"].folder / "ports/1"
     gid = "fd00:0001:0000:0000:0000:0000:0000:0009"
     lag._set_gid(p, 2, gid, "IB/RoCE v1", "rdma0")
-    (bond_rail,) = rails.plan(net(rails=[rail(netdev="bond0")]), "rdma0", None, chained=True)
+    (bond_rail,) = nics.plan(net(rails=[rail(netdev="bond0")]), "rdma0", None, chained=True)
     err = _missing_gid(bond_rail, "mlx5_bond_0", 1, "fd00:1::9", 3.0, None)
     assert "only as IB/RoCE v1, not RoCE v2" in err.msg
 
@@ -147,7 +147,7 @@ def test_the_shipped_lag_entry_resolves_to_the_lag_devices(lag, tmp_path):
     entry = json.loads((REPO / "conf" / "rdma-netns-chained-entry-lag.json").read_text())
     cfg = loader.load({"cniVersion": "1.1.0", "name": "k8s-pod-network", **entry, "stateDir": str(tmp_path)})
     assert (cfg.net.link, cfg.net.link_mode, cfg.net.link_local) == ("ipvlan", "l2", True)
-    plan = rails.plan(cfg.net, "eth0", None, chained=True)
+    plan = nics.plan(cfg.net, "eth0", None, chained=True)
     assert [(r.ifname, r.netdev, r.rdma.device) for r in plan] == [
         (f"rdma{i}", f"bond{i}", f"mlx5_bond_{i}") for i in range(4)]
 
@@ -163,5 +163,5 @@ def test_a_virtio_nic_is_found_by_its_pci_address(tmp_path, monkeypatch):
     fake.add_bond("bond0", ["enp0s10"])
     monkeypatch.setattr(rdma_sysfs.default, "root", str(fake.sys))
     assert rdma_sysfs.netdevs_of_pci("0000:00:0a.0") == ["enp0s10"]
-    (only,) = rails.plan(net(rails=[rail(pciAddress="0000:00:0a.0")]), "net1", None, chained=False)
+    (only,) = nics.plan(net(rails=[rail(pciAddress="0000:00:0a.0")]), "net1", None, chained=False)
     assert (only.netdev, only.rdma) == ("bond0", RdmaPort("rxeb", 1))

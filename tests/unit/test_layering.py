@@ -24,7 +24,7 @@ def _imports(path: Path) -> list[tuple[int, str]]:
 
 def test_the_cni_package_never_imports_the_device_plugin():
     files = sorted(CNI.rglob("*.py"))
-    assert len(files) > 50 and CNI / "grants_client.py" in files  # the scan sees the package
+    assert len(files) > 50 and CNI / "grants" / "client.py" in files  # the scan sees the package
     offenders = [f"{path.relative_to(CNI.parent)}:{line}: {module}" for path in files
                  for line, module in _imports(path) if module.split(".")[0] == "rdma_netns_dp"]
     assert offenders == [], "the CNI package imports the device plugin's:\n" + "\n".join(offenders)
@@ -130,3 +130,45 @@ def test_the_cni_package_has_no_import_circles():
     graph = _module_graph(CNI, "rdma_netns")
     assert "rdma_netns.kernel.rdma_sysfs" in graph["rdma_netns.admin.status_hw"]  # the scan sees the edges
     assert _circles(graph) == []
+
+
+# What each layer of cni/rdma_netns may import, as its __init__.py says (issue 39: the folders
+# are the layers). A key is a folder or a module left at the top; "" is the package's face.
+LAYERS_MAY_IMPORT = {
+    "util": {"util"},
+    "spec": {"spec"},
+    "kernel": {"kernel", "util", "testhooks"},
+    "config": {"config", "spec", "util", "kernel"},
+    "kubelet": {"kubelet", "config"},
+    "publish": {"publish", "util", "kernel", "testhooks"},
+    "rails": {"rails", "kernel", "spec", "util", "config", "state"},
+    "grants": {"grants", "util", "spec", "config", "kubelet", "events"},
+    "modes": {"modes", "rails", "config", "kernel", "spec", "mode_policy", "faults"},
+}
+# Faces that hold code (the rest import nothing: the CNI's start-up loads them).
+FACES_WITH_CODE = {"commands", "modes"}
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_each_layer_imports_only_what_its_face_says():
+    graph = _module_graph(CNI, "rdma_netns")
+    assert "rdma_netns.grants.early" in graph["rdma_netns.grants.client"]  # the scan sees the edges
+    offenders = sorted(f"{module} -> {target}" for module, targets in graph.items()
+                       if _layer(module) in LAYERS_MAY_IMPORT for target in targets
+                       if _layer(target) not in LAYERS_MAY_IMPORT[_layer(module)] | {""})
+    assert offenders == [], "imports across the layers' rules (the folders' __init__.py):\n" + "\n".join(offenders)
+
+
+def test_every_layer_has_a_face_that_says_what_it_is_and_imports_nothing():
+    folders = sorted(p.parent for p in CNI.glob("*/__init__.py"))
+    assert {f.name for f in folders} >= {"grants", "publish", "rails", "util", "kernel", "commands"}
+    for folder in folders:
+        face = folder / "__init__.py"
+        assert ast.get_docstring(ast.parse(face.read_text())), f"{face.relative_to(CNI.parent)} has no docstring"
+        if folder.name not in FACES_WITH_CODE:
+            assert _imports(face) == [], f"{face.relative_to(CNI.parent)} imports: the CNI's start-up loads it"
+    assert _imports(CNI / "__init__.py") == []

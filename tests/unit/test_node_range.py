@@ -8,10 +8,10 @@ import random
 
 import pytest
 
-from rdma_netns import node_range
 from rdma_netns.config import model
 from rdma_netns.kernel import rtnl
 from rdma_netns.kernel.inet import Prefix
+from rdma_netns.rails import node_range
 from rdma_netns.spec.errors import NO_NODE_RANGE
 
 LINK = rtnl.RT_SCOPE_LINK

@@ -1,4 +1,4 @@
-"""paths.py answers as posixpath does (the hot path uses it instead of os.path, see its docstring)."""
+"""util/paths.py answers as posixpath does (the hot path uses it instead of os.path, see its docstring)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from tests.hypothesis_profiles import examples
 
-from rdma_netns import paths
+from rdma_netns.util import paths
 
 PIECES = st.text(alphabet="/ab.", max_size=12)
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from rdma_netns import pod_info
 from rdma_netns.kernel.inet import Prefix
+from rdma_netns.publish import pod_info
 
 
 def rails(*specs):

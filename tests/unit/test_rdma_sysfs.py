@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from rdma_netns import rails
 from rdma_netns.kernel import rdma_sysfs
 from rdma_netns.kernel.inet import Prefix
+from rdma_netns.rails import nics
 from rdma_netns.spec.errors import CniError
 from tests.fake_rdma_sysfs import FakeRdmaSysfs
 
@@ -85,13 +85,13 @@ def rail(**kw):
 
 
 def test_plan_discovers_every_rdma_netdev(sysfs):
-    plan = rails.plan(net(), "net1", None, chained=True)
+    plan = nics.plan(net(), "net1", None, chained=True)
     assert [(r.netdev, r.ifname, r.rdma.device) for r in plan] == [("ens1f0", "rdma0", "mlx5_0"),
                                                                     ("veth0", "rdma1", "rxe0")]
 
 
 def test_plan_resolves_rdma_device_and_pci(sysfs):
-    plan = rails.plan(net(rails=[rail(rdmaDevice="rxe0"), rail(pciAddress="0000:3b:00.0", ifname="r1")]), "net1",
+    plan = nics.plan(net(rails=[rail(rdmaDevice="rxe0"), rail(pciAddress="0000:3b:00.0", ifname="r1")]), "net1",
                       None, chained=True)
     assert [(r.netdev, r.ifname) for r in plan] == [("veth0", "rdma0"), ("ens1f0", "r1")]
 
@@ -99,49 +99,49 @@ def test_plan_resolves_rdma_device_and_pci(sysfs):
 def test_pods_only_network_names_rail_0_cni_ifname(sysfs):
     """A CRI runtime takes the pod IP from CNI_IFNAME only: as the pod's only network, rail 0 is it."""
     two = [rail(rdmaDevice="rxe0", ifname="rdma0"), rail(pciAddress="0000:3b:00.0", ifname="rdma1")]
-    assert [r.ifname for r in rails.plan(net(rails=two), "eth0", None, chained=False)] == ["eth0", "rdma1"]
-    assert [r.ifname for r in rails.plan(net(rails=two), "eth0", None, chained=True)] == ["rdma0", "rdma1"]
+    assert [r.ifname for r in nics.plan(net(rails=two), "eth0", None, chained=False)] == ["eth0", "rdma1"]
+    assert [r.ifname for r in nics.plan(net(rails=two), "eth0", None, chained=True)] == ["rdma0", "rdma1"]
     named = [rail(rdmaDevice="rxe0"), rail(pciAddress="0000:3b:00.0", ifname="eth0")]
-    assert [r.ifname for r in rails.plan(net(rails=named), "eth0", None, chained=False)] == ["rdma0", "eth0"]
+    assert [r.ifname for r in nics.plan(net(rails=named), "eth0", None, chained=False)] == ["rdma0", "eth0"]
 
 
 def test_granted_units_narrow_the_rails(sysfs):
     both = [rail(netdev="veth0"), rail(netdev="ens1f0")]
     paired = net(rails=both, resourceName="rdma/hca")
-    assert [(r.netdev, r.ifname) for r in rails.plan(paired, "eth0", None, True, ["0000:3b:00.0"])] == \
+    assert [(r.netdev, r.ifname) for r in nics.plan(paired, "eth0", None, True, ["0000:3b:00.0"])] == \
         [("ens1f0", "rdma0")]
-    assert [r.netdev for r in rails.plan(paired, "eth0", None, True, ["rxe0", "0000:3b:00.0"])] == \
+    assert [r.netdev for r in nics.plan(paired, "eth0", None, True, ["rxe0", "0000:3b:00.0"])] == \
         ["veth0", "ens1f0"]
     for foreign in (["0000:99:00.0"], ["0000:3b:00.0", "mlx5_9"]):
         with pytest.raises(CniError) as err:
-            rails.plan(paired, "eth0", None, True, foreign)
+            nics.plan(paired, "eth0", None, True, foreign)
         assert err.value.code == 108
 
 
 def test_single_rail_takes_cni_ifname_unless_chained(sysfs):
-    assert rails.plan(net(rails=[rail(netdev="veth0")]), "net1", None, chained=False)[0].ifname == "net1"
-    assert rails.plan(net(rails=[rail(netdev="veth0")]), "eth0", None, chained=True)[0].ifname == "rdma0"
+    assert nics.plan(net(rails=[rail(netdev="veth0")]), "net1", None, chained=False)[0].ifname == "net1"
+    assert nics.plan(net(rails=[rail(netdev="veth0")]), "eth0", None, chained=True)[0].ifname == "rdma0"
 
 
 def test_device_id_narrows_to_one_rail(sysfs):
     both = [rail(netdev="veth0"), rail(netdev="ens1f0")]
-    plan = rails.plan(net(rails=both), "net1", "0000:3b:00.0", chained=False)
+    plan = nics.plan(net(rails=both), "net1", "0000:3b:00.0", chained=False)
     assert [r.netdev for r in plan] == ["ens1f0"]
     with pytest.raises(CniError) as err:
-        rails.plan(net(rails=both), "net1", "0000:99:00.0", chained=False)
+        nics.plan(net(rails=both), "net1", "0000:99:00.0", chained=False)
     assert err.value.code == 101
 
 
 def test_rail_without_rdma_device_is_refused(sysfs):
     with pytest.raises(CniError) as err:
-        rails.plan(net(rails=[rail(netdev="eth9")]), "net1", None, chained=False)
+        nics.plan(net(rails=[rail(netdev="eth9")]), "net1", None, chained=False)
     assert err.value.code == 104
-    assert rails.plan(net(rails=[rail(netdev="eth9")], requireRdma=False), "n", None, False)[0].rdma is None
+    assert nics.plan(net(rails=[rail(netdev="eth9")], requireRdma=False), "n", None, False)[0].rdma is None
 
 
 def test_duplicate_netdevs_refused(sysfs):
     with pytest.raises(CniError):
-        rails.plan(net(rails=[rail(netdev="veth0"), rail(rdmaDevice="rxe0")]), "n", None, False)
+        nics.plan(net(rails=[rail(netdev="veth0"), rail(rdmaDevice="rxe0")]), "n", None, False)
 
 
 def test_mode_follows_or_checks_the_kernel():

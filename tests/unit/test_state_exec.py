@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from rdma_netns import execplugin
+from rdma_netns.rails import execplugin
 from rdma_netns.spec.errors import CniError
 from rdma_netns.state import AttachmentState, StateStore
 
@@ -52,7 +52,7 @@ def test_state_dir_that_is_a_symlink_is_refused(tmp_path):
 
 def test_loose_permissions_are_refused_not_tightened(tmp_path):
     """A folder others can write is refused (code 7) and keeps its mode: the plugin never changes
-    a folder it did not make (trusted_paths.py)."""
+    a folder it did not make (util/trusted_paths.py)."""
     (tmp_path / "s").mkdir(mode=0o777)
     os.chmod(tmp_path / "s", 0o777)
     with pytest.raises(CniError) as err:

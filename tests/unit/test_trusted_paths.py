@@ -1,4 +1,4 @@
-"""The rule for paths a config names (cni/rdma_netns/trusted_paths.py), case by case, as root."""
+"""The rule for paths a config names (cni/rdma_netns/util/trusted_paths.py), case by case, as root."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rdma_netns import trusted_paths
-from rdma_netns.trusted_paths import Untrusted
+from rdma_netns.util import trusted_paths
+from rdma_netns.util.trusted_paths import Untrusted
 
 NOBODY = 65534
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from rdma_netns import fsutil
+from rdma_netns.util import fsutil
 
 PLUGIN_TYPE = "rdma-netns"
 CONF_EXTENSIONS = (".conf", ".conflist", ".json")

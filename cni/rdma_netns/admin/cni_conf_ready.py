@@ -8,8 +8,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from rdma_netns import probe_file
 from rdma_netns.admin import cni_conf, node_check, runtime_cdi
+from rdma_netns.util import probe_file
 
 
 def problems(conf_dir: Path, state: cni_conf.State, *, entry: bool = True, node_fit: bool = True,

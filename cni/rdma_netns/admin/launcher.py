@@ -13,7 +13,8 @@ import os
 import sys
 
 import rdma_netns
-from rdma_netns import codecache, fsutil
+from rdma_netns import codecache
+from rdma_netns.util import fsutil
 
 TEMPLATE = """#!{python} -IS
 # rdma-netns launcher, written by `rdma-netns install-launcher`; rewrite it after moving the install.

@@ -7,10 +7,10 @@ modprobe.d, which applies when ib_core loads.
 
 from __future__ import annotations
 
-from rdma_netns import fsutil
 from rdma_netns.kernel import rdma_sysfs
 from rdma_netns.kernel.netns import other_namespaces
 from rdma_netns.mode_policy import MODPROBE_VALUE, fix_hint, mismatch
+from rdma_netns.util import fsutil
 
 MODPROBE_FILE = "/etc/modprobe.d/rdma-netns.conf"
 

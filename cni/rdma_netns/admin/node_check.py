@@ -1,14 +1,14 @@
 """`rdma-netns check-config --node`: what a validated config resolves to on this node.
 
-The same code ADD runs (rails.plan, node_range), read-only: each rail's netdev, RDMA port and,
+The same code ADD runs (nics.plan, node_range), read-only: each rail's netdev, RDMA port and,
 with rangeFromNodeAddress, this node's pod range, or the error ADD would give.
 """
 
 from __future__ import annotations
 
-from rdma_netns import node_range, rails
 from rdma_netns.config.netconf import NetConfig, rail_range_rule
 from rdma_netns.kernel.netlink import NetlinkSocket
+from rdma_netns.rails import nics, node_range
 from rdma_netns.spec.errors import CniError
 
 
@@ -16,9 +16,9 @@ def describe(normalised: dict) -> tuple[bool, list[str]]:
     """(ok, lines) for one validated config (model.validate's output) on this node."""
     net = NetConfig(dict(normalised, stateDir=normalised.get("stateDir", "/")))
     try:
-        plan = rails.plan(net, "eth0", None, chained=True)
+        plan = nics.plan(net, "eth0", None, chained=True)
         with NetlinkSocket() as sock:
-            parents = [rails.host_parent(sock, rail, must_be_up=False) for rail in plan]
+            parents = [nics.host_parent(sock, rail, must_be_up=False) for rail in plan]
             lines = []
             ok = True
             for rail, parent in zip(plan, parents):

@@ -4,7 +4,7 @@ Read through sysfs only (DeviceSysfs under --sysfs-root), so the checks run the 
 on a test's fake tree. The Devices group is an inventory (every port's state and GID fill); the
 Rails group judges: a rail whose netdev is missing or down, has no RDMA port behind it, or whose
 port is not ACTIVE or whose GID table is full fails, since an ADD on it would fail; GID entries of
-pods' interfaces that no attachment record explains (gid_audit.py: a tenant's own addresses) warn.
+pods' interfaces that no attachment record explains (rails/gid_audit.py: a tenant's own addresses) warn.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from _socket import AF_INET6
 
-from rdma_netns import gid_audit, mode_policy, node_range
+from rdma_netns import mode_policy
 from rdma_netns.admin import mode as mode_cmd
 from rdma_netns.admin.status_context import FAIL, OK, WARN, Check, Context
 from rdma_netns.config.netconf import rail_range_rule
@@ -20,6 +20,7 @@ from rdma_netns.kernel import rtnl
 from rdma_netns.kernel.netlink import NetlinkSocket
 from rdma_netns.kernel.rdma_devices import RdmaDevice
 from rdma_netns.kernel.rdma_sysfs import GidUsage, RdmaPort
+from rdma_netns.rails import gid_audit, node_range
 from rdma_netns.spec.errors import CniError
 
 NEARLY_FULL = 0.1  # warn when fewer pods than this share of the table's capacity still fit
@@ -125,7 +126,7 @@ def _rail_entries(ctx: Context) -> tuple[list[dict], str]:
 
 
 def _resolve(ctx: Context, entry: dict) -> tuple[str | None, RdmaPort | None]:
-    """A rail entry's host netdev (its bond under RoCE LAG) and RDMA port, as rails.netdev_of does."""
+    """A rail entry's host netdev (its bond under RoCE LAG) and RDMA port, as nics.netdev_of does."""
     sysfs = ctx.sysfs
     if entry.get("netdev"):
         netdev = sysfs.rail_netdev(entry["netdev"])

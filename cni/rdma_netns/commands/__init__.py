@@ -1,9 +1,12 @@
 """The CNI commands, one module each (ADD, DEL, CHECK, STATUS, GC; VERSION is entry.py's).
 
 Policy lives here; kernel access goes through kernel/, per-mode interface moves through
-modes/, addresses and routing through addressing.py, rails through rails.py. Every ADD writes
-its state before the first change, so that a crash at any point leaves a record DEL (or GC) can
-undo. entry.py imports only the command it runs.
+modes/, each rail's plan, IPAM, addresses and routing through rails/. Every ADD writes its state
+before the first change, so that a crash at any point leaves a record DEL (or GC) can undo.
+entry.py imports only the command it runs; an ADD goes through pairing.py first, which asks
+grants/ what the pod was granted and loads add.py only for a pod that gets rails. Modules here
+may import every layer below (modes/, grants/, rails/, publish/, config/, kernel/, spec/,
+state.py, events.py, faults.py); only entry.py imports them.
 """
 
 from __future__ import annotations

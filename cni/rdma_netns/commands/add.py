@@ -1,19 +1,21 @@
 """ADD: resolve the rails, record the attachment, then IPAM, interfaces, addresses in GID order,
-routing, and what the pod's containers are told (pod_cdi.py). Any failure rolls back from the
+routing, and what the pod's containers are told (publish/pod_cdi.py). Any failure rolls back from the
 record (teardown.py)."""
 
 from __future__ import annotations
 
 import posix
 
-from rdma_netns import faults, ipam, modes, pod_cdi, pod_info, rails
+from rdma_netns import faults, modes
 from rdma_netns.commands import log
 from rdma_netns.commands.pod_netns import open_pod_netns
 from rdma_netns.config import loader
 from rdma_netns.config.netconf import NetConfig
-from rdma_netns.grants_client import Grant
+from rdma_netns.grants.client import Grant
 from rdma_netns.kernel import netns, rdma_sysfs, rtnl
 from rdma_netns.kernel.netlink import NetlinkError, NetlinkSocket
+from rdma_netns.publish import pod_cdi, pod_info
+from rdma_netns.rails import ipam, nics
 from rdma_netns.spec import versions
 from rdma_netns.spec.env import CniEnv
 from rdma_netns.spec.errors import (
@@ -28,7 +30,7 @@ from rdma_netns.state import AttachmentState, StateStore
 
 TYPE_CHECKING = False  # typing is not imported on the hot path
 if TYPE_CHECKING:
-    from rdma_netns.addressing import RailAddressing  # loaded while IPAM runs (_load_after_ipam)
+    from rdma_netns.rails.addressing import RailAddressing  # loaded while IPAM runs (_load_after_ipam)
 
 
 def cmd_add(env: CniEnv, cfg: loader.Config, grant: Grant | None = None) -> dict:
@@ -56,12 +58,12 @@ def cmd_add(env: CniEnv, cfg: loader.Config, grant: Grant | None = None) -> dict
             with NetlinkSocket() as host_sock:
                 if mode.configures_addresses:
                     prev = None
-                    plan = rails.plan(net, env.ifname, cfg.runtime.device_id, chained, granted_ids)
+                    plan = nics.plan(net, env.ifname, cfg.runtime.device_id, chained, granted_ids)
                     if (cfg.runtime.mac or cfg.runtime.ips) and len(plan) != 1:
                         raise CniError(INVALID_CONFIG, "runtimeConfig mac/ips need a single-rail attachment")
                     for rail in plan:  # every IPAM plugin must be there before anything changes
                         ipam.find_plugin(rail.ipam["type"], env.path)
-                    parents = [rails.host_parent(host_sock, rail, mode.parent_must_be_up) for rail in plan]
+                    parents = [nics.host_parent(host_sock, rail, mode.parent_must_be_up) for rail in plan]
                     if any(rail.range_rule for rail in plan):
                         _node_ranges(mode, host_sock, plan, parents)
                     rail_states = [r.to_state() | mode.prepare(r, p) for r, p in zip(plan, parents)]
@@ -106,14 +108,14 @@ def granted_rails(grant: Grant | None, mode: modes.Mode) -> list[str] | None:
     return grant.device_ids if mode.grant_names_devices else None
 
 
-def _node_ranges(mode: modes.Mode, host_sock: NetlinkSocket, plan: list[rails.Rail],
+def _node_ranges(mode: modes.Mode, host_sock: NetlinkSocket, plan: list[nics.Rail],
                  parents: list[rtnl.Link]) -> None:
     """rangeFromNodeAddress: each rail's pod range from the node's address on it, before anything
     changes (the state records the range the IPAM is asked for)."""
     if not mode.parent_stays_in_host:
         raise CniError(INVALID_CONFIG, f"rangeFromNodeAddress needs shared mode; the kernel's RDMA mode makes this "
                        f"attachment {mode.name}, which moves the NIC (and the node's address) into the pod")
-    from rdma_netns import node_range  # only configs that use it
+    from rdma_netns.rails import node_range  # only configs that use it
 
     node_range.apply(host_sock, plan, parents)
 
@@ -136,7 +138,7 @@ def _save_ready(store: StateStore, env: CniEnv, state: AttachmentState, result: 
 
 
 def _publish(net: NetConfig, mode: modes.Mode, state: AttachmentState, result: dict, pod_fd: int) -> None:
-    """Tell the pod's containers about their rails (pod_cdi.py): the JSON file, and with pairing a
+    """Tell the pod's containers about their rails (publish/pod_cdi.py): the JSON file, and with pairing a
     CDI spec per granted unit, as planned in the state's first record; a failure fails the ADD,
     whose rollback removes what was written."""
     published = state.published
@@ -176,7 +178,7 @@ def _uverbs(pod_view_fd: int | None) -> dict[str, list]:
     return found if isinstance(found, dict) else {}
 
 
-def _add_rails(env: CniEnv, cfg: loader.Config, mode: modes.Mode, plan: list[rails.Rail],
+def _add_rails(env: CniEnv, cfg: loader.Config, mode: modes.Mode, plan: list[nics.Rail],
                parents: list[rtnl.Link], host_sock: NetlinkSocket, pod_fd: int, state: AttachmentState) -> dict:
     net = cfg.net
     extra: dict[str, object] = {}  # what the IPAM delegate may use of the runtime's per-call keys
@@ -214,13 +216,13 @@ def _add_rails(env: CniEnv, cfg: loader.Config, mode: modes.Mode, plan: list[rai
         raise failed
     ipam_results = outcomes
     faults.point("ipam-done")
-    from rdma_netns import addressing, gid_order  # loaded while IPAM ran (_load_after_ipam)
+    from rdma_netns.rails import addressing, gid_order  # loaded while IPAM ran (_load_after_ipam)
 
     addressings = [addressing.parse_ipam_result(r, rail.ifname) for r, rail in zip(ipam_results, plan)]
     links: list[rtnl.Link] = []
     # GID-producing changes (links up, link-local addresses, the pod's addresses) go to all rails in
     # lockstep under the node-wide GID order lock, until their GIDs are there: pods then get the same
-    # GID index on every rail whose table has the same layout (gid_order.py). Routing comes after.
+    # GID index on every rail whose table has the same layout (rails/gid_order.py). Routing comes after.
     has_gids = any(r.rdma is not None for r in plan)  # without an RDMA device no GID to order or wait for
     # One entry into the pod for all of it. The GID wait reads sysfs, whose view is the mount's
     # (the host's, or in exclusive mode the pod view a child mounts), not this thread's netns.
@@ -244,14 +246,14 @@ def _add_rails(env: CniEnv, cfg: loader.Config, mode: modes.Mode, plan: list[rai
         for rail_state, gid in zip(state.rails, gids):  # the GID order lock is released: routing needs no order
             rail_state["gidIndexes"] = gid
         for link, plan_ip in zip(links, addressings):
-            _kernel_step(link, addressing.add_routing, pod_sock, link, plan_ip, *rails.routing(net, link))
+            _kernel_step(link, addressing.add_routing, pod_sock, link, plan_ip, *nics.routing(net, link))
     return _result(env, cfg, plan, links, addressings)
 
 
 def _load_after_ipam() -> None:
     """What the steps after IPAM need (their modules, setns(2) from libc: ~1 ms of a cold
     process), loaded while the IPAM delegates run instead of before or after them."""
-    from rdma_netns import addressing, gid_order
+    from rdma_netns.rails import addressing, gid_order
 
     del addressing, gid_order  # imported for later: _add_rails imports them again at no cost
     netns.load_setns()
@@ -265,7 +267,7 @@ def _kernel_step(link: rtnl.Link, step, *args) -> None:
         raise CniError(KERNEL_REJECTED, f"configuring {link.name}: {exc.strerror}") from None
 
 
-def _wait_for_gids(plan: list[rails.Rail], addressings: list[RailAddressing], timeout: float,
+def _wait_for_gids(plan: list[nics.Rail], addressings: list[RailAddressing], timeout: float,
                    pod_view_fd: int | None) -> list[list[int]]:
     """Each rail address must show up as a RoCE v2 GID of the rail's RDMA port (briefly awaited).
 
@@ -292,7 +294,7 @@ def _wait_for_gids(plan: list[rails.Rail], addressings: list[RailAddressing], ti
     return found
 
 
-def _missing_gid(rail: rails.Rail, device: str, port: int, address: str, timeout: float,
+def _missing_gid(rail: nics.Rail, device: str, port: int, address: str, timeout: float,
                  pod_view_fd: int | None) -> CniError:
     """The error for a GID that did not appear, saying why as far as sysfs can tell: a full
     table (the kernel keeps the address and only logs error=-28), another GID type, or nothing."""
@@ -327,7 +329,7 @@ def _missing_gid(rail: rails.Rail, device: str, port: int, address: str, timeout
                     "netdev and bond); a slow device may need a longer \"gidWaitMs\"")
 
 
-def _result(env: CniEnv, cfg: loader.Config, plan: list[rails.Rail], links: list[rtnl.Link],
+def _result(env: CniEnv, cfg: loader.Config, plan: list[nics.Rail], links: list[rtnl.Link],
             addressings: list[RailAddressing]) -> dict:
     prev = versions.format_result(cfg.prev_result, versions.LATEST) if cfg.prev_result else {}
     interfaces = list(prev.get("interfaces", []))

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 
-from rdma_netns import addressing, ipam, modes, rails
+from rdma_netns import modes
 from rdma_netns.commands.pod_netns import open_pod_netns
 from rdma_netns.config import loader
 from rdma_netns.config.netconf import NetConfig
 from rdma_netns.kernel import netns, rdma_sysfs, rtnl
 from rdma_netns.kernel.netlink import NetlinkSocket
+from rdma_netns.rails import addressing, ipam, nics
 from rdma_netns.spec import versions
 from rdma_netns.spec.env import CniEnv
 from rdma_netns.spec.errors import CHECK_FAILED, INCOMPATIBLE_VERSION, UNKNOWN_CONTAINER, CniError
@@ -77,7 +78,7 @@ def _check_rail(pod_sock: NetlinkSocket, mode: modes.Mode, rail: dict, result: d
         raise CniError(CHECK_FAILED, f"{rail['ifname']} changed its MAC to {link.mac}")
     plan_ip = addressing.parse_ipam_result(
         {"ips": [ip for ip in result["ips"] if ip.get("interface") == index], "routes": []}, rail["ifname"])
-    addressing.verify(pod_sock, link, plan_ip, *rails.routing(net, link))
+    addressing.verify(pod_sock, link, plan_ip, *nics.routing(net, link))
     if not rail.get("rdmaDevice"):
         return []
     return [(rail["rdmaDevice"], rail["port"], address.address_text()) for address, _gw in plan_ip.addresses]

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from rdma_netns import ipam, pod_cdi
 from rdma_netns.commands import log
 from rdma_netns.commands.teardown import teardown
 from rdma_netns.config import loader
+from rdma_netns.publish import pod_cdi
+from rdma_netns.rails import ipam
 from rdma_netns.spec.env import CniEnv
 from rdma_netns.spec.errors import INVALID_CONFIG, CniError
 from rdma_netns.state import StateStore

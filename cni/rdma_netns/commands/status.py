@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 import stat
 
-from rdma_netns import ipam, modes, rails
+from rdma_netns import modes
 from rdma_netns.config import loader
 from rdma_netns.kernel.netlink import NetlinkSocket
+from rdma_netns.rails import ipam, nics
 from rdma_netns.spec.env import CniEnv
 from rdma_netns.spec.errors import NOT_AVAILABLE, CniError
 
@@ -19,12 +20,12 @@ def cmd_status(env: CniEnv, cfg: loader.Config) -> None:
         if net.resource_name and not _is_socket(net.pod_resources_socket):
             raise CniError(NOT_AVAILABLE, f"kubelet's PodResources socket {net.pod_resources_socket} is missing",
                            f"pairing with {net.resource_name} grants needs a running kubelet")
-        plan = rails.plan(net, "eth0", None, False)
+        plan = nics.plan(net, "eth0", None, False)
         with NetlinkSocket() as sock:
             mode = modes.select(net)
-            parents = [rails.host_parent(sock, rail, mode.parent_must_be_up) for rail in plan]
+            parents = [nics.host_parent(sock, rail, mode.parent_must_be_up) for rail in plan]
             if any(rail.range_rule for rail in plan):  # a rail without its node address cannot take pods
-                from rdma_netns import node_range
+                from rdma_netns.rails import node_range
 
                 node_range.apply(sock, plan, parents)
         for conf in ipam.distinct([rail.ipam for rail in plan]):

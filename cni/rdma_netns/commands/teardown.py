@@ -7,13 +7,15 @@ from __future__ import annotations
 import os
 from _socket import AF_INET, AF_INET6
 
-from rdma_netns import addressing, gid_order, ipam, modes, pod_cdi, rails
+from rdma_netns import modes
 from rdma_netns.commands import log
 from rdma_netns.commands.pod_netns import open_pod_netns_if_alive
 from rdma_netns.config import loader
 from rdma_netns.config.netconf import NetConfig
 from rdma_netns.kernel import netns, rtnl
 from rdma_netns.kernel.netlink import NetlinkSocket, is_missing
+from rdma_netns.publish import pod_cdi
+from rdma_netns.rails import addressing, gid_order, ipam, nics
 from rdma_netns.spec.env import CniEnv
 from rdma_netns.spec.errors import IPAM_FAILED, KERNEL_REJECTED, CniError
 from rdma_netns.state import AttachmentState, StateStore
@@ -53,10 +55,10 @@ def _state_from_config(env: CniEnv, cfg: loader.Config) -> AttachmentState:
     """Without state, DEL still releases what the config says ADD would have taken."""
     net = cfg.net
     try:
-        entries = rails.configured_rails(net)
+        entries = nics.configured_rails(net)
     except CniError:
         entries = []
-    names = rails.pod_ifnames(entries, env.ifname, cfg.prev_result is not None)
+    names = nics.pod_ifnames(entries, env.ifname, cfg.prev_result is not None)
     mode = modes.for_config(net)
     # A rail whose ranges come from the node's address has no IPAM config to send without its
     # recorded one; and with no state, ADD never reached IPAM (the state is written first).
@@ -163,7 +165,7 @@ def _detach_rail(pod_sock: NetlinkSocket, mode: modes.Mode, rail: dict, net: Net
         return None
     if not mode.owns(link, rail):
         return None
-    table, priority = rails.routing(net, link)
+    table, priority = nics.routing(net, link)
     for family in (AF_INET6, AF_INET):  # rules are not removed with the link
         stale = [r.src for r in rtnl.list_rules(pod_sock, family)
                  if r.table == table and r.priority == priority and r.src is not None]

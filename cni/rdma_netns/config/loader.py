@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import posix
 
-from rdma_netns import __version__, fsutil, jsonio, trusted_paths
+from rdma_netns import __version__
 from rdma_netns.config.defaults import (  # noqa: F401 (re-exported: loader.DEFAULT_* as before)
     DEFAULT_CDI_KIND,
     DEFAULT_CDI_SPEC_DIR,
@@ -25,6 +25,7 @@ from rdma_netns.config.defaults import (  # noqa: F401 (re-exported: loader.DEFA
 from rdma_netns.config.netconf import NetConfig
 from rdma_netns.spec import versions
 from rdma_netns.spec.errors import INVALID_CONFIG, INVALID_ENV, CniError
+from rdma_netns.util import fsutil, jsonio, trusted_paths
 
 CACHE_FOLDER = "verified-configs"  # state.CACHE_FOLDER (not imported: a VERSION call loads no state code)
 # Folder names beside the network folders under stateDir (state.RESERVED_NAMES): a network of

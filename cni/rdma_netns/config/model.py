@@ -52,7 +52,7 @@ class Strict(BaseModel):
 
 class Ipam(BaseModel):
     """An IPAM delegate's config: its own schema, but it must name a plugin binary, and the keys
-    the plugin itself reads (ipam.py shares host-local calls by `ranges`; status reads `dataDir`;
+    the plugin itself reads (rails/ipam.py shares host-local calls by `ranges`; status reads `dataDir`;
     netconf.py tells static rails by `ranges`/`subnet`) must have host-local's types, so that a
     wrong one is a config error naming the key rather than a crash in ADD."""
 
@@ -127,7 +127,7 @@ RANGE_KEYS = ("ranges", "subnet", "rangeStart", "rangeEnd", "gateway")
 
 class RangeFromNodeAddress(Strict):
     """This node's pod range on a rail, derived at ADD from the node's own global IPv6 address
-    there (node_range.py): the address's /prefixLength block, the node's addresses left out.
+    there (rails/node_range.py): the address's /prefixLength block, the node's addresses left out.
     One config for every node; no two nodes share a block as long as their addresses do not."""
 
     prefixLength: int | None = Field(default=None, ge=8, le=124)  # None: the address's own length
@@ -213,7 +213,7 @@ class NetConf(Strict):
     podGrantsSocket: str = DEFAULT_POD_GRANTS_SOCKET
     # Where each call's metrics event goes (events.py; the device plugin's metrics); "" = nowhere.
     eventsFifo: str = DEFAULT_EVENTS_FIFO
-    # Issue 17: what a pod's containers learn of their rails (pod_info.py, pod_cdi.py).
+    # Issue 17: what a pod's containers learn of their rails (publish/pod_info.py, publish/pod_cdi.py).
     podInfoDir: str = DEFAULT_POD_INFO_DIR  # "" = publish nothing
     cdiSpecDir: str = DEFAULT_CDI_SPEC_DIR
     cdiKind: str = DEFAULT_CDI_KIND

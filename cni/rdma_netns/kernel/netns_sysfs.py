@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import posix
 
-from rdma_netns import jsonio
 from rdma_netns.kernel import netns
+from rdma_netns.util import jsonio
 
 CLONE_NEWNS = 0x00020000
 MS_REC, MS_PRIVATE = 0x4000, 0x40000

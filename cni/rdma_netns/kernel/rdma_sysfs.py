@@ -18,13 +18,14 @@ from __future__ import annotations
 import posix
 import time
 
-from rdma_netns import paths, testhooks
+from rdma_netns import testhooks
 from rdma_netns.kernel.inet import Prefix
+from rdma_netns.util import paths
 
 
 def _realpath(path: str) -> str:
     """os.path.realpath, for the admin's and the device plugin's lookups (and one rare fallback of
-    the CNI's): they load os, which the CNI's own path does not (paths.py)."""
+    the CNI's): they load os, which the CNI's own path does not (util/paths.py)."""
     import os.path
 
     return os.path.realpath(path)
@@ -439,7 +440,7 @@ def use_root(root: str) -> str:
     return previous
 
 
-# The CNI's names for the default reader's reads (kept stable for commands/, rails.py, modes/).
+# The CNI's names for the default reader's reads (kept stable for commands/, rails/nics.py, modes/).
 def subsystem_present() -> bool:
     return default.subsystem_present()
 

@@ -3,7 +3,7 @@
 kubelet allocates devices at pod admission, before RunPodSandbox, so when the CNI's ADD runs the
 grant is already listed here. It sits below both packages: used by the device plugin's grants
 broker and metrics (rdma_netns_dp.grant_rounds, rdma_netns_dp.metrics) and, when the broker is
-absent, by the CNI itself (grants_client.py): importing this module is cheap (no grpc until the
+absent, by the CNI itself (grants/client.py): importing this module is cheap (no grpc until the
 first call) and starts nothing. Its generated stubs are in kubelet/api/podresources/v1/.
 
 Kubelet facts (design.md): Get(pod_name, pod_namespace) first. kubelets older than 1.27 answer

@@ -3,12 +3,14 @@
 Every mode subclasses base.Mode (the protocol the commands talk to: capabilities such as
 parent_must_be_up, gids_in_pod, configures_addresses, and prepare/attach/find_in_pod/owns/detach/
 restore_host). Everything else about a rail (IPAM, addresses, routing, GID checks, state) is
-common and lives in commands/ and addressing.py. This module is the one place that maps the
+common and lives in commands/ and rails/addressing.py. This module is the one place that maps the
 config and a state's record to a mode:
 - shared.py: a macvlan/ipvlan of the RDMA netdev per rail (kernel shared mode);
 - exclusive.py: the whole NIC, netdev and RDMA device, moves into the pod (exclusive mode);
 - rdma_device.py: exclusive, chained after a netdev plugin without IPAM: only the RDMA device moves.
 A new link type is a new Mode module (or a new link kind of SharedMode) plus the config model.
+Modules here may import rails/nics.py (the Rail they attach), config/netconf.py, kernel/, spec/,
+mode_policy.py and faults.py; never commands/, which calls them.
 """
 
 from __future__ import annotations

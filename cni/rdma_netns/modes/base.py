@@ -11,7 +11,7 @@ from __future__ import annotations
 from rdma_netns.config.netconf import NetConfig
 from rdma_netns.kernel import rtnl
 from rdma_netns.kernel.netlink import NetlinkSocket
-from rdma_netns.rails import Rail
+from rdma_netns.rails.nics import Rail
 
 
 RDMA_DEVICE_LINK = "rdma-device"  # the state's "link" of rdma_device.RdmaDeviceMode (imported lazily)

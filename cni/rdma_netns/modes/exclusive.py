@@ -16,7 +16,7 @@ from rdma_netns import faults
 from rdma_netns.kernel import rdma_sysfs, rtnl
 from rdma_netns.kernel.netlink import NetlinkError, NetlinkSocket
 from rdma_netns.modes.base import Mode
-from rdma_netns.rails import Rail
+from rdma_netns.rails.nics import Rail
 from rdma_netns.spec.errors import IFNAME_EXISTS, INVALID_CONFIG, KERNEL_REJECTED, RAIL_UNAVAILABLE, CniError
 
 # Link kinds a NIC handed to a pod can have: none for PCI functions, veth in tests. Kinds that

@@ -12,7 +12,7 @@ import errno
 from rdma_netns.kernel import rtnl
 from rdma_netns.kernel.netlink import NetlinkError, NetlinkSocket
 from rdma_netns.modes.base import Mode
-from rdma_netns.rails import Rail
+from rdma_netns.rails.nics import Rail
 from rdma_netns.spec.errors import IFNAME_EXISTS, INVALID_CONFIG, KERNEL_REJECTED, CniError
 
 

@@ -52,7 +52,7 @@ def parse_cni_args(raw: str) -> dict[str, str]:
 def process_environ() -> dict[str, str]:
     """The process's environment as os.environ has it, without importing os when nothing has:
     `import os` costs ~1 ms of a cold interpreter (_collections_abc), and the grants question
-    (grants_early.py) leaves before it. Decoded as os.environ decodes (the filesystem encoding,
+    (grants/early.py) leaves before it. Decoded as os.environ decodes (the filesystem encoding,
     surrogateescape). Once os is loaded its live mapping is used (it sees later changes)."""
     os_module = sys.modules.get("os")
     if os_module is not None:

@@ -14,7 +14,7 @@ import os
 import threading
 from dataclasses import asdict, dataclass, field
 
-from rdma_netns import fsutil
+from rdma_netns.util import fsutil
 
 FORMAT = 1
 

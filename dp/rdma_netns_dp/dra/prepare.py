@@ -21,9 +21,9 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rdma_netns import fsutil
+from rdma_netns.util import fsutil
 from rdma_netns.kernel.rdma_devices import DeviceSysfs, RdmaDevice
-from rdma_netns.pod_cdi import mounted_file, spec_path
+from rdma_netns.publish.pod_cdi import mounted_file, spec_path
 from rdma_netns_dp import allocation, pod_cdi
 from rdma_netns_dp.dra import kube_api
 from rdma_netns_dp.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice

@@ -17,7 +17,7 @@ from concurrent import futures
 
 import grpc
 
-from rdma_netns import fsutil
+from rdma_netns.util import fsutil
 from rdma_netns_dp.api.dra.v1 import api_pb2 as dra_pb2
 from rdma_netns_dp.api.dra.v1 import api_pb2_grpc as dra_grpc
 from rdma_netns_dp.api.drahealth.v1 import api_pb2 as health_pb2

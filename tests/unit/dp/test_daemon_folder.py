@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rdma_netns import trusted_paths
+from rdma_netns.util import trusted_paths
 from rdma_netns_dp import cni_events
 from rdma_netns_dp.pod_grants import PodGrantsServer
 

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from rdma_netns.kernel.rdma_devices import DeviceSysfs
-from rdma_netns.pod_cdi import spec_path
+from rdma_netns.publish.pod_cdi import spec_path
 from rdma_netns_dp.config import ResourceConfig, validate
 from rdma_netns_dp.dra import devices as dra_devices
 from rdma_netns_dp.dra import kube_api
@@ -360,7 +360,7 @@ def test_network_data_comes_from_the_attachment_that_published_the_claims_unit(p
 def test_the_cni_attaches_a_dra_grants_rails_in_every_mode():
     from rdma_netns import modes
     from rdma_netns.commands.add import granted_rails
-    from rdma_netns.grants_client import Grant
+    from rdma_netns.grants.client import Grant
 
     class Shared:
         grant_names_devices = False

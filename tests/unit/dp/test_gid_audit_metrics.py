@@ -1,5 +1,5 @@
 """Issue 36: a tenant with CAP_NET_ADMIN in a shared-mode pod adds addresses on its rail until the
-port's GID table is full. rdma_netns.gid_audit counts the entries of pods' interfaces that no
+port's GID table is full. rdma_netns.rails.gid_audit counts the entries of pods' interfaces that no
 attachment record explains; the device plugin exports them per port as
 rdma_netns_gid_entries_unexplained, audited in a thread, never at scrape time. Kernel-shaped fake
 sysfs (mlx5: 255 entries, v1 and v2 per address; Soft-RoCE: 1024, v2 only)."""
@@ -13,8 +13,8 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from rdma_netns import gid_audit
 from rdma_netns.kernel.rdma_sysfs import RdmaPort, RdmaSysfs
+from rdma_netns.rails import gid_audit
 from rdma_netns_dp.gid_audit_metrics import GidAuditCollector
 from tests.fake_rdma_sysfs import FakeRdmaSysfs
 

@@ -69,7 +69,7 @@ affinity:
 {{- end -}}
 {{- end -}}
 
-{{/* An exec probe that reads a file a daemon of the pod keeps (rdma_netns/probe_file.py) with the
+{{/* An exec probe that reads a file a daemon of the pod keeps (rdma_netns/util/probe_file.py) with the
 shell: no Python start-up each period (on a loaded node a timed-out exec probe keeps running and
 they pile up). It fails when the file is missing or older than maxAge seconds (its writer is stuck
 or gone) and, with ready, unless its first line is "ready" (it prints the file: kubectl describe

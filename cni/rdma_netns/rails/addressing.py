@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from _socket import AF_INET, AF_INET6
 
-from rdma_netns import paths
 from rdma_netns.kernel import neigh_announce, rtnl, sysctl
 from rdma_netns.kernel.inet import Prefix
 from rdma_netns.kernel.netlink import NetlinkSocket, is_missing
 from rdma_netns.spec.errors import CHECK_FAILED, IPAM_FAILED, CniError
+from rdma_netns.util import paths
 
 
 class RailAddressing:
@@ -81,7 +81,7 @@ def configure(sock: NetlinkSocket, link: rtnl.Link, plan: RailAddressing, table:
     """Bring the link up and give it its addresses, its routing table and its source rules.
 
     The three steps are separate functions so that ADD can run the GID-producing ones (link up,
-    addresses) for all rails in lockstep under the node-wide GID order lock (gid_order.py) and
+    addresses) for all rails in lockstep under the node-wide GID order lock (rails/gid_order.py) and
     the routing outside it.
     """
     bring_up(sock, link, plan, link_local)

@@ -1,7 +1,7 @@
 """What a pod's containers need to use their own rails: the rails record and the environment.
 
 Pure functions (no I/O): commands/add.py hands in what ADD learnt per rail (interface, addresses with
-their prefix length, RDMA device and port, the GID index it waited for) and pod_cdi.py writes the
+their prefix length, RDMA device and port, the GID index it waited for) and publish/pod_cdi.py writes the
 result. Training frameworks pick one GID index for every HCA (NCCL_IB_GID_INDEX, UCX_IB_GID_INDEX);
 in shared mode each pod's GID sits at another index per pod and per NIC, so those are set only
 when the pod's index is the same on every rail. Otherwise NCCL's own selection is narrowed to the

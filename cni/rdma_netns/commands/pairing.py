@@ -1,6 +1,6 @@
 """Pairing with the device plugin: which pods get RDMA, and which NICs, is kubelet's decision.
 
-With "resourceName" set, ADD asks kubelet (PodResources API, see grants_client.py) which units of
+With "resourceName" set, ADD asks kubelet (PodResources API, see grants/client.py) which units of
 that resource the pod's containers were granted at admission, which happens before the runtime
 creates the pod's network:
 - shared mode: any unit means the pod gets its rails; none means nothing is attached, and a
@@ -16,8 +16,8 @@ from __future__ import annotations
 from rdma_netns import events
 from rdma_netns.config.loader import Config
 from rdma_netns.config.netconf import NetConfig
-from rdma_netns.grants_client import Grant, query
-from rdma_netns.grants_early import Early
+from rdma_netns.grants.client import Grant, query
+from rdma_netns.grants.early import Early
 from rdma_netns.spec import versions
 from rdma_netns.spec.env import CniEnv
 from rdma_netns.spec.errors import INVALID_ENV, NOT_GRANTED, PAIRING_UNAVAILABLE, CniError
@@ -26,7 +26,7 @@ from rdma_netns.spec.errors import INVALID_ENV, NOT_GRANTED, PAIRING_UNAVAILABLE
 def add(env: CniEnv, cfg: Config, early: Early | None = None) -> dict:
     """ADD behind the pairing gate. A pod that pairing leaves out never loads the attaching code:
     start-up is most of its cost, and most pods on a node ask for no RDMA. `early`: the grants
-    question entry.py sent before the config was validated (grants_early.py)."""
+    question entry.py sent before the config was validated (grants/early.py)."""
     grant = granted(env, cfg.net, early)
     if grant is not None:
         events.note("granted", bool(grant.device_ids))

@@ -15,10 +15,11 @@ import posix
 
 from _socket import AF_INET, AF_INET6, inet_pton
 
-from rdma_netns import execplugin, jsonio, paths
+from rdma_netns.rails import execplugin
 from rdma_netns.spec import versions
 from rdma_netns.spec.env import process_environ
 from rdma_netns.spec.errors import IPAM_FAILED, CniError
+from rdma_netns.util import jsonio, paths
 
 # ADD/DEL/CHECK results are the same in 1.0.0 and 1.1.0, so delegates are asked in at most
 # 1.0.0: IPAM plugins built before spec 1.1 (Debian 12's) still answer.

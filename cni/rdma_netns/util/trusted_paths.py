@@ -18,7 +18,7 @@ first. It never changes the mode or owner of a folder it did not make. A refusal
 
 Nobody but root can change a folder that passed, so what passed once (a folder on the way, the
 named folder or FIFO) is not looked at again by the same process: the CNI lives for one call. Standard library only, no os: the
-CNI's hot path uses it (paths.py).
+CNI's hot path uses it (util/paths.py).
 """
 
 from __future__ import annotations

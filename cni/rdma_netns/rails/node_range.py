@@ -130,7 +130,7 @@ def derive(netdev: str, addresses: list[rtnl.Address], rule: dict) -> NodeRange:
 
 def apply(sock: NetlinkSocket, rails: list, parents: list[rtnl.Link]) -> None:
     """Give each rail with a rule its node range and the host-local config for it (one address
-    dump for all rails). rails: rails.Rail objects, parents: their host netdevs."""
+    dump for all rails). rails: nics.Rail objects, parents: their host netdevs."""
     pending = [(rail, parent) for rail, parent in zip(rails, parents) if rail.range_rule is not None]
     if not pending:
         return

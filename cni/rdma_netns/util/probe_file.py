@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-from rdma_netns import fsutil
+from rdma_netns.util import fsutil
 
 READY = "ready"
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import errno
 import posix
 
-from rdma_netns import jsonio, paths, trusted_paths
+from rdma_netns.util import jsonio, paths, trusted_paths
 
 
 def ensure_private_dir(path: str) -> None:
     """Make `path` (and the folders missing on the way) 0700; an existing one is used only when
-    nobody but root can change it, and its mode is left alone (trusted_paths.py)."""
+    nobody but root can change it, and its mode is left alone (util/trusted_paths.py)."""
     trusted_paths.make_folder(path, 0o700)
 
 

@@ -3,7 +3,7 @@
 An ADD with pairing spends ~1.5 ms waiting for the broker (and kubelet behind it), and ~1.5 ms
 importing and loading its own code. They need not come one after the other: as soon as the raw
 config is read, send() asks the broker what a validated config would ask (the same defaults), and
-the rest of start-up runs while the broker works. grants_client.query takes the answer only when
+the rest of start-up runs while the broker works. client.query takes the answer only when
 the validated config asks the very same question of the very same broker; otherwise, or when
 anything here fails, it asks again the ordinary way. So this can cost a wasted question, never a
 wrong answer.
@@ -18,13 +18,13 @@ import posix
 import sys
 from _socket import AF_UNIX, SO_PEERCRED, SOCK_CLOEXEC, SOCK_STREAM, SOL_SOCKET, socket
 
-from rdma_netns import jsonio
 from rdma_netns.config.defaults import (
     DEFAULT_POD_GRANTS_SOCKET,
     DEFAULT_POD_RESOURCES_SOCKET,
     DEFAULT_POD_RESOURCES_TIMEOUT_MS,
     MAX_POD_RESOURCES_TIMEOUT_MS,
 )
+from rdma_netns.util import jsonio
 
 MAX_SOCKET_PATH = 107  # sun_path
 

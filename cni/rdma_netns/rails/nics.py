@@ -3,7 +3,7 @@
 A rail names its NIC by netdev, rdmaDevice or pciAddress; with no rails configured every
 RDMA device on the node is a rail (on its bond under RoCE LAG). runtimeConfig.deviceID (a PCI address or an
 auxiliary device name, as device plugins hand them out) narrows the attachment to that NIC, and
-so do kubelet's grants in exclusive mode with pairing (pairing.py).
+so do kubelet's grants in exclusive mode with pairing (commands/pairing.py).
 """
 
 from __future__ import annotations

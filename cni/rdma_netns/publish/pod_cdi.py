@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import posix
 
-from rdma_netns import fsutil, jsonio, paths, pod_info, testhooks, trusted_paths
+from rdma_netns import testhooks
+from rdma_netns.publish import pod_info
+from rdma_netns.util import fsutil, jsonio, paths, trusted_paths
 
 CDI_VERSION = "0.5.0"
 SPEC_PREFIX = "rdma-netns-pod-"
@@ -111,7 +113,7 @@ def mounted_file(spec: object) -> str | None:
 
 def _ensure_dir(path: str) -> None:
     """A world-readable folder (runtimes and container users read below it), made 0755 when
-    missing; an existing one is used only when nobody but root can change it (trusted_paths.py)."""
+    missing; an existing one is used only when nobody but root can change it (util/trusted_paths.py)."""
     trusted_paths.make_folder(path, 0o755)
 
 

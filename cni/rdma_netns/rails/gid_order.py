@@ -25,9 +25,9 @@ import sys
 import time
 from _socket import AF_INET6
 
-from rdma_netns import fsutil
 from rdma_netns.kernel import rtnl, sysctl
 from rdma_netns.kernel.netlink import NetlinkSocket
+from rdma_netns.util import fsutil
 
 LOCK_FOLDER = "locks"      # state.LOCKS: a reserved name, never a network's folder
 LOCK_NAME = "gid-order"    # no ':' in it, so GC's sweep of attachment locks leaves it alone

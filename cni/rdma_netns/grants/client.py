@@ -12,10 +12,11 @@ from __future__ import annotations
 import errno
 from _socket import socket
 
-from rdma_netns import events, jsonio
+from rdma_netns import events
 from rdma_netns.config.netconf import NetConfig
-from rdma_netns.grants_early import Early, ForeignBroker, connect_and_send, request
+from rdma_netns.grants.early import Early, ForeignBroker, connect_and_send, request
 from rdma_netns.spec.errors import PAIRING_UNAVAILABLE, CniError
+from rdma_netns.util import jsonio
 
 MAX_ANSWER = 1 << 20
 # Connection errors that mean "no broker here (any more)", as opposed to a broker that failed to
@@ -46,7 +47,7 @@ class Grant:
 
 def query(net: NetConfig, namespace: str, name: str, uid: str, early: Early | None = None) -> Grant:
     """The pod's device IDs of net.resource_name; CniError(PAIRING_UNAVAILABLE) when unknowable.
-    `early`: the question grants_early.send asked before the config was validated; its answer is
+    `early`: the question early.send asked before the config was validated; its answer is
     read when it is this very question, else it is dropped and the question asked now."""
     timeout = net.pod_resources_timeout_ms / 1000
     broker = net.pod_grants_socket
