@@ -6,8 +6,10 @@ ipvlan rails, as on LAG bonds; its rails named as this cluster's). The seed's Jo
 guest, moves RDMA traffic between its pods over every rail using only what was published to them
 (the device and GID index from /etc/nccl.conf, the peer's eth0 address for the out-of-band
 exchange, no ping or other rail traffic first); `helm upgrade` with a changed rail rolls the
-guest's pod while the Job's pods keep their rails, `helm rollback` puts it back, and `helm
-uninstall` with the chart's clean-up release leaves both nodes clean."""
+guest's pod while the Job's pods keep their rails, `helm rollback` puts it back; then the lag
+pool is upgraded to DRA mode and the Job, asking `rdma/hca: 2` through the DeviceClass, moves RDMA
+traffic over its claims' rails; `helm uninstall` with the chart's clean-up release leaves both
+nodes clean."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from integration.cluster import tools_image
 from integration.cluster.conftest import REPORT
 from integration.cluster.guest_node import GuestNode
 from integration.cluster.host_rdma import RAILS, rail_netdev
-from integration.cluster.layout import HOST_NODE, REPO
+from integration.cluster.layout import API_PORT, CONTROL_IP, HOST_NODE, REPO
 from integration.cluster.manifests import documents as manifest_documents, training_job
 from integration.cluster.pki import Pki
 
@@ -162,22 +164,8 @@ def test_the_seed_job_moves_rdma_traffic_and_keeps_its_rails_through_upgrade_and
     REPORT.append(f"the seed's Job on {GUEST}: both pods Running {time.monotonic() - began:.0f} s after apply")
     server, client = sorted(running(), key=lambda p: p["metadata"]["name"])
     server_name, client_name = server["metadata"]["name"], client["metadata"]["name"]
-    # conf/k8s/rdma-check.yaml's script, as its Job's pods 0 and 1 run it, with the server's eth0
-    # address for its DNS name (this cluster has no DNS): per rail, ib_write_bw with the device and
-    # GID index from /etc/nccl.conf, no rail traffic before.
-    check = rdma_check_script()
-    serving = subprocess_background(cluster, server_name, check, {"JOB_COMPLETION_INDEX": "0", "PEER": "-"})
-    out = cluster.kubectl("exec", "-n", NAMESPACE, client_name, "--", "env", "JOB_COMPLETION_INDEX=1",
-                          f"PEER={server['status']['podIP']}", "FIRST_PORT=18515", "sh", "-c", check,
-                          timeout=900, check=False)
-    server_out = serving.communicate(timeout=120)[0]
-    assert out.returncode == 0 and serving.returncode == 0, out.stdout + out.stderr + server_out
-    for rail in range(RAILS):
-        section = out.stdout.split(f"rail {rail} (", 1)[1]
-        figures = [line for line in section.splitlines() if line.strip().startswith("65536")]
-        assert figures, out.stdout
-        REPORT.append(f"rail {rail}: ib_write_bw {client_name} -> {server_name} (conf/k8s/rdma-check.yaml's "
-                      f"script): {figures[0].split()}")
+    for line in rdma_traffic(cluster, server, client, range(RAILS)):
+        REPORT.append(line)
 
     # helm upgrade with a changed rail rolls the pool's pod; the Job's pods keep their rails.
     def rails_of(pod: str) -> str:
@@ -206,6 +194,52 @@ def test_the_seed_job_moves_rdma_traffic_and_keeps_its_rails_through_upgrade_and
                      .get("succeeded", 0) == 2, timeout=300)
 
 
+def test_the_lag_pool_in_dra_mode_moves_rdma_traffic_between_claimed_rails(cluster, rdma_node, release_image):
+    """The lag pool's release upgraded to DRA (docs/dra.md): the guest's daemon publishes its two
+    rails as a ResourceSlice; the seed's Job asking `rdma/hca: 2` (its only edit) gets a claim
+    from the scheduler for both rails through the DeviceClass, and RDMA moves over each between
+    its two pods with the settings CDI gave them."""
+    _node, tools = rdma_node
+    before = ds_pod(cluster, "lag")["metadata"]["name"]
+    began = time.monotonic()
+    cluster.helm("upgrade", "rdma-netns-lag", str(CHART), *lag_values(release_image, RAIL_LIST), "--set",
+                 "dra.enabled=true", "--set", f"dra.apiServer={CONTROL_IP}:{API_PORT}", "-n", "kube-system")
+    cluster.wait_for("the lag pool's pod replaced and Ready in DRA mode",
+                     lambda: rolled(cluster, "rdma-netns-dp-lag", before), timeout=600)
+    cluster.wait_for("the guest's ResourceSlice", lambda: any(
+        s["spec"]["nodeName"] == GUEST and s["spec"]["driver"] == "rdma-netns.io"
+        for s in cluster.get("resourceslices")["items"]), timeout=180)
+    REPORT.append(f"helm upgrade --set dra.enabled=true: the lag pool's pod rolled and {GUEST}'s ResourceSlice "
+                  f"published {time.monotonic() - began:.0f} s later")
+    job = training_job(tools.name, "wdl-dra", WAIT_SCRIPT, pods=2)
+    spec = job["spec"]["template"]["spec"]
+    spec["nodeSelector"]["kubernetes.io/hostname"] = GUEST
+    for what in ("limits", "requests"):
+        spec["containers"][0]["resources"][what]["rdma/hca"] = str(RAILS)
+    began = time.monotonic()
+    cluster.kubectl("apply", "-n", NAMESPACE, "-f", "-", stdin=json.dumps(job))
+
+    def running() -> list[dict]:
+        pods = cluster.get("pods", "-n", NAMESPACE, "-l", "job-name=wdl-dra")["items"]
+        return [p for p in pods if p["status"].get("phase") == "Running"]
+
+    cluster.wait_for("both DRA pods Running", lambda: len(running()) == 2, timeout=600)
+    server, client = sorted(running(), key=lambda p: p["metadata"]["name"])
+    for pod in (server, client):
+        claim = pod["status"].get("extendedResourceClaimStatus", {}).get("resourceClaimName")
+        assert claim, pod["status"]
+        results = cluster.get("resourceclaim", claim, "-n", NAMESPACE)["status"]["allocation"]["devices"]["results"]
+        assert sorted(r["device"] for r in results) == [f"rxe{r}" for r in range(RAILS)], results
+    REPORT.append(f"the seed's Job with rdma/hca: {RAILS} on {GUEST} through DRA: both pods Running "
+                  f"{time.monotonic() - began:.0f} s after apply, each with a claim for both rails")
+    for line in rdma_traffic(cluster, server, client, range(RAILS)):
+        REPORT.append("DRA " + line)
+    for pod in (server, client):
+        cluster.kubectl("exec", "-n", NAMESPACE, pod["metadata"]["name"], "--", "touch", "/tmp/done")
+    cluster.wait_for("the DRA Job complete", lambda: cluster.get("job", "wdl-dra", "-n", NAMESPACE)["status"]
+                     .get("succeeded", 0) == 2, timeout=300)
+
+
 def test_helm_uninstall_and_the_clean_up_release_leave_every_node_clean(cluster, rdma_node, release_image,
                                                                        primaries):
     node, _tools = rdma_node
@@ -227,6 +261,28 @@ def test_helm_uninstall_and_the_clean_up_release_leave_every_node_clean(cluster,
     left = [p for p in NODE_FILES if cluster.node_path(p).exists()]
     left += [f"{GUEST}:{p}" for p in NODE_FILES if node.agent.run("test", "-e", p, check=False).rc == 0]
     assert not left, left
+
+
+def rdma_traffic(cluster, server: dict, client: dict, rails) -> list[str]:
+    """conf/k8s/rdma-check.yaml's script, as its Job's pods 0 and 1 run it, with the server's eth0
+    address for its DNS name (this cluster has no DNS): per rail, ib_write_bw with the device and
+    GID index from /etc/nccl.conf, no rail traffic before. One report line per rail."""
+    server_name, client_name = server["metadata"]["name"], client["metadata"]["name"]
+    check = rdma_check_script()
+    serving = subprocess_background(cluster, server_name, check, {"JOB_COMPLETION_INDEX": "0", "PEER": "-"})
+    out = cluster.kubectl("exec", "-n", NAMESPACE, client_name, "--", "env", "JOB_COMPLETION_INDEX=1",
+                          f"PEER={server['status']['podIP']}", "FIRST_PORT=18515", "sh", "-c", check,
+                          timeout=900, check=False)
+    server_out = serving.communicate(timeout=120)[0]
+    assert out.returncode == 0 and serving.returncode == 0, out.stdout + out.stderr + server_out
+    lines = []
+    for rail in rails:
+        section = out.stdout.split(f"rail {rail} (", 1)[1]
+        figures = [line for line in section.splitlines() if line.strip().startswith("65536")]
+        assert figures, out.stdout
+        lines.append(f"rail {rail}: ib_write_bw {client_name} -> {server_name} (conf/k8s/rdma-check.yaml's "
+                     f"script): {figures[0].split()}")
+    return lines
 
 
 def rdma_check_script() -> str:

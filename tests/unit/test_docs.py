@@ -34,7 +34,7 @@ def model_keys() -> tuple[set[str], set[str]]:
     for cls in (model.NetConf, model.Rail, model.RangeFromNodeAddress):
         cni |= set(cls.model_fields)
     dpk = set()
-    for cls in (dp.DevicePluginConfig, dp.ResourceConfig, dp.Selectors, dp.CdiConfig, dp.MetricsConfig):
+    for cls in (dp.DevicePluginConfig, dp.ResourceConfig, dp.Selectors, dp.CdiConfig, dp.MetricsConfig, dp.DraConfig):
         dpk |= set(cls.model_fields)
     return cni, dpk
 
