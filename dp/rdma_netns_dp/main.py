@@ -95,7 +95,16 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     from rdma_netns_dp.daemon import Daemon
 
-    daemon = Daemon(config)
+    refused: tuple[type[Exception], ...] = ()
+    if config.dra.enabled:
+        from rdma_netns_dp.dra.kube_api import CredentialsError
+
+        refused = (CredentialsError,)  # no service account token, an unusable kubeconfig
+    try:
+        daemon = Daemon(config)
+    except refused as exc:
+        print(f"rdma-netns-dp: cannot start the DRA driver: {exc}", file=sys.stderr)
+        return 2
 
     def stop(signum: int, _frame: object) -> None:
         daemon.stop_event.set()

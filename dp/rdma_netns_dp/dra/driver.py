@@ -132,3 +132,4 @@ class DraDriver:
     def stop(self) -> None:
         self.server.stop()
         self.publisher.stop()
+        self.api.close()  # ends the slices' watch too

@@ -12,6 +12,7 @@ conflict).
 from __future__ import annotations
 
 import logging
+import time
 
 from rdma_netns.state import AttachmentState, all_records, read_state
 from rdma_netns_dp.dra import kube_api
@@ -20,6 +21,9 @@ from rdma_netns_dp.dra.kube_api import ApiError, KubeApi
 
 log = logging.getLogger("rdma_netns_dp.dra.network_status")
 CONFLICT_RETRIES = 3
+# How long a prepared claim is looked for in the CNI's state: a hostNetwork pod's never shows up,
+# and the state folder is not read every pass for the claim's whole life.
+LOOK_SECONDS = 600
 
 
 def attachments_by_unit(state_dir: str) -> dict[str, AttachmentState]:
@@ -71,11 +75,18 @@ class NetworkStatusWriter:
         self.api = api
         self.driver = driver
         self.state_dir = state_dir
-        self.written: set[str] = set()  # claim UIDs whose status this process wrote
+        self.written: set[str] = set()  # claim UIDs whose status this process wrote (or gave up on)
+        self.first_seen: dict[str, float] = {}
 
     def sync(self, claims: list[PreparedClaim]) -> None:
+        now = time.monotonic()
+        live = {c.uid for c in claims}
+        self.written &= live
+        self.first_seen = {uid: t for uid, t in self.first_seen.items() if uid in live}
+        for c in claims:
+            if c.uid not in self.written and now - self.first_seen.setdefault(c.uid, now) > LOOK_SECONDS:
+                self.written.add(c.uid)  # no ADD came (a hostNetwork pod): nothing to write
         pending = [c for c in claims if c.uid not in self.written]
-        self.written &= {c.uid for c in claims}
         if not pending:
             return
         attachments = attachments_by_unit(self.state_dir)

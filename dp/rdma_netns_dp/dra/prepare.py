@@ -50,6 +50,12 @@ def unit_of(claim_uid: str) -> str:
     return f"claim-{claim_uid}"
 
 
+def reserved_pods(claim: dict) -> list[dict]:
+    """The pods the claim is reserved for (status.reservedFor), as {"name", "uid"}."""
+    return [{"name": r.get("name", ""), "uid": r.get("uid", "")}
+            for r in claim.get("status", {}).get("reservedFor") or [] if r.get("resource") == "pods"]
+
+
 def check_config(claim: dict, driver: str) -> None:
     """The claim's and its class's opaque config for this driver: only what this driver knows,
     so a typo fails the pod with a clear event instead of being ignored."""
@@ -92,12 +98,11 @@ class Preparer:
         with self._lock:
             done = self.checkpoint.get(uid)
             if done is not None:
-                return done
+                return self._with_current_pods(done)
             claim = self._read_claim(namespace, name, uid)
             check_config(claim, self.driver)
             prepared = self._devices(claim)
-            pods = [{"name": r.get("name", ""), "uid": r.get("uid", "")}
-                    for r in claim.get("status", {}).get("reservedFor") or [] if r.get("resource") == "pods"]
+            pods = reserved_pods(claim)
             record = PreparedClaim(uid=uid, namespace=namespace, name=name, pods=pods,
                                    devices=[d for d, _ in prepared], unit=unit_of(uid),
                                    cdi_ids=[f"{self.cdi.kind}={unit_of(uid)}"])
@@ -106,6 +111,20 @@ class Preparer:
             log.info("claim prepared", extra={"claim": f"{namespace}/{name}", "uid": uid, "pods": pods,
                                               "rails": [d.rdma_device for d in record.devices]})
             return record
+
+    def _with_current_pods(self, done: PreparedClaim) -> PreparedClaim:
+        """A prepared claim asked for again: by another pod sharing it (kubelet prepares per pod),
+        whose rails the broker must know, or after a restart. Its pods are read again; when the
+        API server cannot be reached the checkpoint's answer stands (kubelet must get the same)."""
+        try:
+            claim = self.api.get(kube_api.resource_claims_path(done.namespace, done.name))
+        except ApiError:
+            return done
+        pods = reserved_pods(claim)
+        if claim.get("metadata", {}).get("uid") == done.uid and pods != done.pods:
+            done = PreparedClaim(**{**done.__dict__, "pods": pods})
+            self.checkpoint.put(done)
+        return done
 
     def unprepare(self, uid: str) -> None:
         """Forget the claim and remove its placeholder spec; a spec the CNI wrote belongs to the

@@ -239,8 +239,8 @@ def test_prepare_records_the_claims_rails_and_pods_and_writes_a_placeholder(prep
     assert preparer.pod_grant("ml", "pod-p-uid-1", "") is not None  # a runtime that sends no UID
     assert preparer.pod_grant("other-ns", "pod-p-uid-1", "p-uid-1") is None
     calls = len(api.calls)
-    assert preparer.prepare("ml", "train-rails", "c-1") == done  # kubelet's retry: from the checkpoint
-    assert len(api.calls) == calls
+    assert preparer.prepare("ml", "train-rails", "c-1") == done  # kubelet's retry: from the checkpoint,
+    assert [verb for verb, _ in api.calls[calls:]] == ["get"]    # its pods read again, nothing written
 
 
 def test_the_checkpoint_survives_a_restart_private(prep):
@@ -399,3 +399,48 @@ def test_status_on_a_dra_node_asks_the_driver_and_counts_its_claims(tmp_path):
         server.stop()
     checks = {c.name: c for c in status_services.dra_driver(ctx, str(kubelet / "plugins" / DRIVER))}
     assert checks[f"driver {DRIVER}"].state == "fail" and checks["registration"].state == "fail"
+
+
+def test_a_claim_shared_by_a_second_pod_is_answered_for_it_too(prep):
+    """kubelet prepares a claim once per pod using it: the second pod's call refreshes the pods
+    the claim is reserved for, so the broker gives that pod its rails as well."""
+    preparer, api, _ = prep
+    path = kube_api.resource_claims_path("ml", "train-rails")
+    api.put_object(path, claim())
+    preparer.prepare("ml", "train-rails", "c-1")
+    assert preparer.pod_grant("ml", "pod-p-uid-2", "p-uid-2") is None
+    api.put_object(path, claim(pods=("p-uid-1", "p-uid-2")))
+    again = preparer.prepare("ml", "train-rails", "c-1")
+    assert [p["uid"] for p in again.pods] == ["p-uid-1", "p-uid-2"]
+    assert preparer.pod_grant("ml", "pod-p-uid-2", "p-uid-2") == (["mlx5_bond_0", "mlx5_bond_2"], ["claim-c-1"])
+    api.fail_next = ApiError(0, "Unavailable", "connection refused")  # after a node restart, say
+    assert preparer.prepare("ml", "train-rails", "c-1") == again
+
+
+def test_network_status_stops_looking_for_a_pod_that_never_gets_an_add(prep, tmp_path, monkeypatch):
+    from rdma_netns_dp.dra import network_status
+
+    preparer, api, _ = prep
+    api.put_object(kube_api.resource_claims_path("ml", "train-rails"), claim())
+    prepared = preparer.prepare("ml", "train-rails", "c-1")
+    writer = network_status.NetworkStatusWriter(api, DRIVER, str(tmp_path / "no-state"))
+    writer.sync([prepared])
+    assert writer.written == set()
+    monkeypatch.setattr(network_status, "LOOK_SECONDS", -1)
+    writer.sync([prepared])
+    assert writer.written == {"c-1"}  # a hostNetwork pod: given up, the state folder no longer read
+    writer.sync([])
+    assert writer.written == set() and writer.first_seen == {}
+
+
+def test_the_daemon_without_api_credentials_says_so(monkeypatch, tmp_path, capsys):
+    from rdma_netns_dp.main import main
+
+    for var in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("NODE_NAME", NODE)
+    config = tmp_path / "dp.yaml"
+    config.write_text(f"dra: {{enabled: true}}\nkubeletDir: {tmp_path}/k\nhealthFile: {tmp_path}/h.json\n"
+                      f"podGrantsSocket: ''\nsysfsRoot: {tmp_path}/sys\n")
+    assert main(["serve", "--config", str(config)]) == 2
+    assert "cannot start the DRA driver" in capsys.readouterr().err
