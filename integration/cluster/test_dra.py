@@ -196,10 +196,31 @@ def test_the_seed_job_runs_unchanged_through_the_extended_resource(cluster, dra)
         assert network.get("interfaceName") == f"rdma{rail}", claim["status"]
         assert any(ip.startswith(f"fd00:1{rail}:") for ip in network.get("ips", [])), network
         assert network.get("hardwareAddress"), network
+        # kubelet shows the devices' health (the driver's DRAResourceHealth stream) in the pod's status.
+        cluster.wait_for("the device's health in the pod's status", lambda: "Healthy" in json.dumps(
+            cluster.get("pod", pod_name, "-n", NAMESPACE)["status"].get("containerStatuses", [{}])[0]
+            .get("allocatedResourcesStatus", [])), timeout=60)
         REPORT.append(f"{pod_name}: claim {made['resourceClaimName']} -> {result['device']}, interfaces "
                       f"{sorted(got['if'])}, NCCL_IB_HCA={nccl['NCCL_IB_HCA']} NCCL_IB_GID_INDEX="
                       f"{nccl['NCCL_IB_GID_INDEX']}; claim status.devices networkData {json.dumps(network)}")
     cluster.kubectl("delete", "job", name, "-n", NAMESPACE, "--cascade=foreground", "--wait=true", timeout=120)
+
+
+def test_a_claims_config_this_driver_does_not_know_fails_the_pod_with_the_reason(cluster, dra):
+    """Opaque config for this driver is checked at prepare: a typo is the pod's event, not ignored."""
+    template, pod = claim_pod(dra.pinned, "bad-config", 1)
+    template["spec"]["spec"]["devices"]["config"] = [{"requests": ["rails"], "opaque": {
+        "driver": DRIVER, "parameters": {"apiVersion": "rdma-netns.io/v1alpha1", "kind": "RailConfig",
+                                         "linkTyp": "ipvlan"}}}]
+    apply(cluster, [template, pod])
+
+    def refused() -> str:
+        events = cluster.get("events", "-n", NAMESPACE, "--field-selector", "involvedObject.name=bad-config")["items"]
+        return next((e["message"] for e in events if "unknown fields" in e.get("message", "")), "")
+    cluster.wait_for("the pod's event with the driver's reason", lambda: bool(refused()), timeout=120)
+    assert phase(cluster, "bad-config") == "Pending"
+    REPORT.append(f"a claim with a mistyped RailConfig: the pod stays Pending, its event: {refused()[:300]}")
+    cluster.kubectl("delete", "pod", "bad-config", "-n", NAMESPACE, "--wait=true")
 
 
 def test_a_claim_for_two_rails_gives_the_pod_both(cluster, dra):
