@@ -157,8 +157,7 @@ def test_the_seed_job_moves_rdma_traffic_and_keeps_its_rails_through_upgrade_and
     cluster.kubectl("apply", "-n", NAMESPACE, "-f", "-", stdin=json.dumps(job))
 
     def running() -> list[dict]:
-        pods = cluster.get("pods", "-n", NAMESPACE, "-l", "job-name=wdl-train")["items"]
-        return [p for p in pods if p["status"].get("phase") == "Running"]
+        return running_pods(cluster, "wdl-train")
 
     cluster.wait_for("both pods Running", lambda: len(running()) == 2, timeout=600)
     REPORT.append(f"the seed's Job on {GUEST}: both pods Running {time.monotonic() - began:.0f} s after apply")
@@ -220,8 +219,7 @@ def test_the_lag_pool_in_dra_mode_moves_rdma_traffic_between_claimed_rails(clust
     cluster.kubectl("apply", "-n", NAMESPACE, "-f", "-", stdin=json.dumps(job))
 
     def running() -> list[dict]:
-        pods = cluster.get("pods", "-n", NAMESPACE, "-l", "job-name=wdl-dra")["items"]
-        return [p for p in pods if p["status"].get("phase") == "Running"]
+        return running_pods(cluster, "wdl-dra")
 
     cluster.wait_for("both DRA pods Running", lambda: len(running()) == 2, timeout=600)
     server, client = sorted(running(), key=lambda p: p["metadata"]["name"])
@@ -261,6 +259,11 @@ def test_helm_uninstall_and_the_clean_up_release_leave_every_node_clean(cluster,
     left = [p for p in NODE_FILES if cluster.node_path(p).exists()]
     left += [f"{GUEST}:{p}" for p in NODE_FILES if node.agent.run("test", "-e", p, check=False).rc == 0]
     assert not left, left
+
+
+def running_pods(cluster, job: str) -> list[dict]:
+    pods = cluster.get("pods", "-n", NAMESPACE, "-l", f"job-name={job}")["items"]
+    return [p for p in pods if p["status"].get("phase") == "Running"]
 
 
 def rdma_traffic(cluster, server: dict, client: dict, rails) -> list[str]:
