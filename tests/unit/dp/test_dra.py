@@ -444,3 +444,30 @@ def test_the_daemon_without_api_credentials_says_so(monkeypatch, tmp_path, capsy
                       f"podGrantsSocket: ''\nsysfsRoot: {tmp_path}/sys\n")
     assert main(["serve", "--config", str(config)]) == 2
     assert "cannot start the DRA driver" in capsys.readouterr().err
+
+
+def test_the_health_stream_sends_each_devices_health_and_every_change(tmp_path):
+    """kubelet's DRAResourceHealth client: a first message with every device, another on a change."""
+    import grpc
+
+    from rdma_netns_dp.api.drahealth.v1 import api_pb2 as health_pb2
+    from rdma_netns_dp.api.drahealth.v1 import api_pb2_grpc as health_grpc
+    from rdma_netns_dp.dra.service import DeviceHealth, DraServer
+
+    health = DeviceHealth(NODE)
+    health.update({"rxe0": None, "rxe1": "port-down"})
+    server = DraServer(str(tmp_path / "k"), DRIVER, preparer=None, health=health).start()
+    try:
+        with grpc.insecure_channel(f"unix://{server.endpoint}") as channel:
+            stream = health_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
+                health_pb2.NodeWatchResourcesRequest(), timeout=10)
+            first = next(stream)
+            assert [(d.device.pool_name, d.device.device_name, d.health, d.message) for d in first.devices] == [
+                (NODE, "rxe0", health_pb2.HEALTHY, ""), (NODE, "rxe1", health_pb2.UNHEALTHY, "port-down")]
+            assert all(d.health_check_timeout_seconds > 0 and d.last_updated_time > 0 for d in first.devices)
+            health.update({"rxe0": None, "rxe1": None})
+            second = next(stream)
+            assert [d.health for d in second.devices] == [health_pb2.HEALTHY, health_pb2.HEALTHY]
+            stream.cancel()
+    finally:
+        server.stop()
