@@ -143,7 +143,7 @@ def first_line(api: Api, name: str, timeout: float = 60) -> float:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         text = api.log(name).strip()
-        if text:
+        if text and not text.startswith("{"):  # a Status: the container's log is not there yet
             return boot_epoch() + float(text.splitlines()[0].split()[0])
         time.sleep(0.05)
     raise TimeoutError(f"{name}: no log line")
@@ -166,7 +166,7 @@ def measure(api: Api, cluster: Cluster, watch: RunningWatch, image: str, args: a
     singles: dict[str, dict[str, list[float]]] = {}
     for i in range(args.samples):  # alternate, so that drift hits both alike
         for kind, granted in (("plain", False), (granted_kind, True)):
-            name = f"{kind}-{i}"
+            name = f"{granted_kind}-{kind}-{i}"  # unique per phase: the watch keeps each name's first Running
             created = create(api, [name], image, granted)[name]
             running = watch.wait([name])[name]
             line = first_line(api, name)
@@ -178,7 +178,7 @@ def measure(api: Api, cluster: Cluster, watch: RunningWatch, image: str, args: a
                  "single_raw": singles}
     bursts: dict = {}
     for kind, granted in (("plain", False), (granted_kind, True)):
-        names = [f"burst-{kind}-{i}" for i in range(args.burst)]
+        names = [f"burst-{granted_kind}-{kind}-{i}" for i in range(args.burst)]
         created = create(api, names, image, granted)
         running = watch.wait(names)
         first = min(created.values())
