@@ -123,7 +123,7 @@ class DraDriver:
         return self.preparer.pod_grant(namespace, name, uid)
 
     def status(self) -> dict:
-        """The health file's DRA line (rdma-netns status reads it)."""
+        """The health file's DRA line: registered, slices written, claims prepared, the last API error."""
         return {"driver": self.driver, "node": self.node, "registered": self.registered,
                 "slicesPublished": len(self.publisher.names) if self.publisher.published is not None else 0,
                 "devices": len(self.publisher.published or []), "generation": self.publisher.generation,
