@@ -224,6 +224,15 @@ def test_a_claim_for_two_rails_gives_the_pod_both(cluster, dra):
     cluster.wait_for("the pod Running and reported", lambda: phase(cluster, "two-rails") == "Running"
                      and "reported" in report(cluster, "two-rails"), timeout=180)
     got = report(cluster, "two-rails")
+    # kubelet shows the devices' health (the driver's DRAResourceHealth stream) in the status of a
+    # container that names the claim, one entry per CDI device ID: a claim's rails share the
+    # claim's one CDI device, so one entry stands for them (pkg/kubelet/cm/dra/manager.go).
+    waited = cluster.wait_for("the rails' health in the pod's status", lambda: '"Healthy"' in json.dumps(
+        cluster.get("pod", "two-rails", "-n", NAMESPACE)["status"]["containerStatuses"][0]
+        .get("allocatedResourcesStatus", [])), timeout=60)
+    REPORT.append("kubelet's allocatedResourcesStatus of the two-rail pod: " + json.dumps(
+        cluster.get("pod", "two-rails", "-n", NAMESPACE)["status"]["containerStatuses"][0]["allocatedResourcesStatus"])
+                  + f" ({waited:.1f} s after it was Running)")
     assert set(got["if"]) == {"lo", "eth0", *(f"rdma{r}" for r in range(RAILS))}, got
     nccl = dict(line.split("=", 1) for line in got.get("nccl", []))
     assert nccl.get("NCCL_IB_HCA") == "=" + ",".join(f"rxe{r}:1" for r in range(RAILS)), got
