@@ -50,7 +50,7 @@ class DraDriver:
         self.health = DeviceHealth(self.node)
         self.preparer = Preparer(self.api, self.driver, self.node, self.checkpoint, self.rails_by_name, sysfs,
                                  CdiSettings(config.cdi.specDir, resource.podCdiKind, config.devRoot,
-                                             resource.includeUmad), resource.name)
+                                             resource.includeUmad), resource)
         self.publisher = SlicePublisher(self.api, self.driver, self.node)
         self.server = DraServer(config.kubeletDir, self.driver, self.preparer, self.health)
         self.network_status = NetworkStatusWriter(self.api, self.driver, config.cniStateDir)

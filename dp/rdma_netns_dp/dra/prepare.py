@@ -16,7 +16,6 @@ it restarts): a claim already in the checkpoint is answered from there, unchange
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from rdma_netns.util import fsutil
 from rdma_netns.kernel.rdma_devices import DeviceSysfs, RdmaDevice
 from rdma_netns.publish.pod_cdi import mounted_file, spec_path
 from rdma_netns_dp import allocation, pod_cdi
+from rdma_netns_dp.config import ResourceConfig
 from rdma_netns_dp.dra import kube_api
 from rdma_netns_dp.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
 from rdma_netns_dp.dra.kube_api import ApiError, KubeApi
@@ -81,7 +81,7 @@ class Preparer:
 
     def __init__(self, api: KubeApi, driver: str, node: str, checkpoint: Checkpoint,
                  rails: Callable[[], dict[str, RdmaDevice]], sysfs: DeviceSysfs, cdi: CdiSettings,
-                 resource_name: str) -> None:
+                 resource: ResourceConfig) -> None:
         """`rails()`: this node's publishable devices now, by DRA device name."""
         self.api = api
         self.driver = driver
@@ -90,7 +90,7 @@ class Preparer:
         self.rails = rails
         self.sysfs = sysfs
         self.cdi = cdi
-        self.resource_name = resource_name
+        self.resource = resource
         self._lock = threading.Lock()  # one prepare or unprepare at a time: they share spec files
 
     def prepare(self, namespace: str, name: str, uid: str) -> PreparedClaim:
@@ -170,14 +170,13 @@ class Preparer:
         """The devices-only spec the CDI name resolves to until the pod's ADD writes its own
         (and for good when no ADD comes: a hostNetwork pod)."""
         try:
-            grant = allocation.grant(devices, self.sysfs, self.cdi.dev_root, self.resource_name,
-                                     self.resource_name.replace("/", "_"), self.cdi.include_umad, use_cdi=False)
+            grant = allocation.grant(devices, self.sysfs, self.cdi.dev_root, self.resource.name, self.resource.slug,
+                                     self.cdi.include_umad, use_cdi=False)
         except allocation.AllocationError as exc:
             raise PrepareError(str(exc)) from None
         path = spec_path(self.cdi.spec_dir, record.unit)
         if mounted_file(fsutil.read_json(path)) is not None:
             return  # the pod's ADD already wrote its spec (kubelet prepared again after a restart)
-        os.makedirs(self.cdi.spec_dir, mode=0o755, exist_ok=True)
         pod_cdi.ensure_placeholder(self.cdi.spec_dir, self.cdi.kind, record.unit, allocation.pod_cdi_nodes(grant))
 
     def pod_grant(self, namespace: str, pod_name: str, pod_uid: str) -> tuple[list[str], list[str]] | None:

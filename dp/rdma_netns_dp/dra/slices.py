@@ -135,9 +135,8 @@ class SlicePublisher:
                     if self._stop.is_set():
                         return
             except ApiError as exc:
-                if exc.status == 410:  # too old: list again from now
-                    resource_version = self.api.list(kube_api.resource_slices_path(), field_selector=self.selector(),
-                                                     ).get("metadata", {}).get("resourceVersion", "")
+                if exc.status == 410:  # too old: watch from now (""), and write the slices once more
+                    resource_version = ""
                     self._dirty.set()
                     continue
                 log.warning("watching ResourceSlices failed; retrying", extra={"error": str(exc)})

@@ -220,7 +220,7 @@ def prep(tmp_path):
     api = ApiStandin()
     checkpoint = Checkpoint(str(tmp_path / "plugins" / DRIVER / "checkpoint.json"))
     cdi = CdiSettings(str(tmp_path / "cdi"), "rdma-netns.io/pod", str(fake.dev), False)
-    return Preparer(api, DRIVER, NODE, checkpoint, lambda: rails, sysfs, cdi, "rdma/hca"), api, tmp_path
+    return Preparer(api, DRIVER, NODE, checkpoint, lambda: rails, sysfs, cdi, ResourceConfig()), api, tmp_path
 
 
 def test_prepare_records_the_claims_rails_and_pods_and_writes_a_placeholder(prep):
@@ -358,7 +358,6 @@ def test_network_data_comes_from_the_attachment_that_published_the_claims_unit(p
 
 
 def test_the_cni_attaches_a_dra_grants_rails_in_every_mode():
-    from rdma_netns import modes
     from rdma_netns.commands.add import granted_rails
     from rdma_netns.grants.client import Grant
 
@@ -373,7 +372,6 @@ def test_the_cni_attaches_a_dra_grants_rails_in_every_mode():
     assert granted_rails(dra, Shared) == ["mlx5_bond_2"] and granted_rails(dra, Exclusive) == ["mlx5_bond_2"]
     assert granted_rails(units, Shared) is None and granted_rails(units, Exclusive) == ["hca-0001"]
     assert granted_rails(None, Shared) is None
-    assert modes  # the real module imports
 
 
 def test_status_on_a_dra_node_asks_the_driver_and_counts_its_claims(tmp_path):
