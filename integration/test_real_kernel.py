@@ -3,7 +3,9 @@ integration/guest_suite there, on a real RDMA subsystem with Soft-RoCE devices.
 
 Two guest boots: the kernel's default (shared) mode runs the suite (one boot for the whole
 session), and a second boot with `ib_core.netns_mode=0` on the kernel command line runs
-test_5_exclusive_boot.py (exclusive mode end to end: device plugin, stand-in kubelet, CNI).
+test_5_exclusive_boot.py (exclusive mode end to end: device plugin, stand-in kubelet, CNI) and
+test_8_exclusive_dra.py (exclusive mode through DRA: the real API server and scheduler of the
+cluster suite's build, run inside that guest).
 Each guest test then shows up here as its own test,
 from the guest's JUnit report. A test that did not run in the guest fails here: nothing is
 skipped silently. Without a fetched kernel the suite is skipped on a developer machine and
@@ -22,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from integration.cluster.guest_node import stage
 from integration.conftest import GUEST_REPORT
 
 REPO = Path(__file__).resolve().parent.parent
@@ -65,6 +68,7 @@ EXPECTED = [
 EXPECTED_EXCLUSIVE_BOOT = [
     "test_5_exclusive_boot::test_granted_devices_move_into_their_pods_and_carry_rc_traffic",
     "test_5_exclusive_boot::test_pod_whose_namespace_died_first_gives_its_nic_and_device_back",
+    "test_8_exclusive_dra::test_the_scheduler_gives_each_device_one_claim_and_the_cni_moves_exactly_it",
 ]
 
 
@@ -86,13 +90,20 @@ class GuestRun:
                     self.outcomes[key] = ("passed", "")
 
 
-def boot_guest(tmp_path_factory, label: str, guest_args: list[str], suite_args: list[str]) -> GuestRun:
+def boot_guest(tmp_path_factory, label: str, guest_args: list[str], suite_args: list[str],
+               staged: dict[str, list[Path]] | None = None) -> GuestRun:
+    """`staged`: files the guest needs from this machine, linked into a folder of the results
+    (the guest's $GUEST_RESULTS; the rest of its root is this machine's without /var/cache)."""
     if not KERNEL_ENV.exists():
         message = f"no guest kernel ({KERNEL_ENV} missing): run sudo integration/guest/fetch-kernel.sh"
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
     results = tmp_path_factory.mktemp(label)
+    for folder, paths in (staged or {}).items():
+        (results / folder).mkdir()
+        for path in paths:
+            stage(path, results / folder)
     start = time.monotonic()
     proc = subprocess.run([str(GUEST / "run-in-guest.sh"), "--timeout", str(GUEST_TIMEOUT), "--net-loop",
                            *guest_args, "--results", str(results), "--",
@@ -119,9 +130,16 @@ def guest_run(tmp_path_factory) -> GuestRun:
 @pytest.fixture(scope="session")
 def guest_run_exclusive_boot(tmp_path_factory) -> GuestRun:
     """The second boot: the kernel comes up in exclusive mode, as a node with
-    `options ib_core netns_mode=0` does."""
-    return boot_guest(tmp_path_factory, "guest-exclusive-boot", ["--kernel-arg", "ib_core.netns_mode=0"],
-                      ["exclusive-boot"])
+    `options ib_core netns_mode=0` does. Its DRA test runs the control plane of the cluster
+    suite's Kubernetes build (waited for here: the test command starts it in the background);
+    3G for it beside the suite."""
+    from integration.cluster.cluster import build_binaries
+
+    kube = build_binaries() if KERNEL_ENV.exists() else None
+    programs = [kube / name for name in ("etcd", "kube-apiserver", "kube-scheduler")] if kube else []
+    return boot_guest(tmp_path_factory, "guest-exclusive-boot",
+                      ["--kernel-arg", "ib_core.netns_mode=0", "--memory", "3G"], ["exclusive-boot"],
+                      staged={"kube-bin": programs})
 
 
 def timing_summary(path: Path) -> list[str]:

@@ -37,10 +37,12 @@ import pytest
 
 from integration.guest_suite.conftest import (RESULTS, SYSTEM_PYTHON, TRAFFIC, cluster_network, fresh_neighbours,
                                               in_pod, rdma_devices, record_timing, sh, timed_cni)
+from integration.guest_suite.exclusive import (OPEN, booted_exclusive, confined, host_device_add,  # noqa: F401
+                                               host_device_del, kernel_uverbs, kernel_uverbs_host)
 from tests.conftest import run_plugin
 from tests.kubelet_standin import KubeletStandIn, PodResourcesStandIn
 
-pytestmark = pytest.mark.guest
+pytestmark = [pytest.mark.guest, pytest.mark.usefixtures("booted_exclusive")]
 
 DP = str(Path(sys.executable).parent / "rdma-netns-dp")
 RESOURCE = "rdma/hca"
@@ -54,17 +56,6 @@ def record(name: str, value: object) -> None:
     """Facts for the report (what rxe refused, which node the container got), one JSON line each."""
     with open(RESULTS / "exclusive-boot-facts.jsonl", "a") as f:
         f.write(json.dumps({"name": name, "value": value}) + "\n")
-
-
-@pytest.fixture(autouse=True)
-def booted_exclusive():
-    """The kernel must have come up exclusive (not switched by a test): fail, never skip."""
-    sh("modprobe", "rdma_rxe")
-    sh("modprobe", "rdma_ucm", check=False)
-    assert "ib_core.netns_mode=0" in Path("/proc/cmdline").read_text(), "the guest was not booted exclusive"
-    assert Path("/sys/module/ib_core/parameters/netns_mode").read_text().strip() == "N"
-    assert "netns exclusive" in sh("rdma", "system", "show").stdout
-    yield
 
 
 class Node:
@@ -149,61 +140,6 @@ def node(tmp_path_factory):
 def pod_args(pod: str) -> dict:
     return {"CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME={pod};"
                         f"K8S_POD_INFRA_CONTAINER_ID={pod};K8S_POD_UID=uid-{pod}"}
-
-
-def host_device_add(pod: str, device: str, address: str) -> dict:
-    conf = {"cniVersion": "1.0.0", "name": "hostdev", "type": "host-device", "device": device,
-            "ipam": {"type": "static", "addresses": [{"address": address}]}}
-    return run_plugin("ADD", conf, container_id=pod, netns=f"/var/run/netns/{pod}", ifname="net1",
-                      timeout=120, plugin="/usr/lib/cni/host-device").ok()
-
-
-def host_device_del(pod: str, device: str, netns: str) -> None:
-    conf = {"cniVersion": "1.0.0", "name": "hostdev", "type": "host-device", "device": device,
-            "ipam": {"type": "static", "addresses": []}}
-    run_plugin("DEL", conf, container_id=pod, netns=netns, ifname="net1", timeout=120,
-               plugin="/usr/lib/cni/host-device").ok()
-
-
-def kernel_uverbs(pod: str, device: str) -> tuple[int, int]:
-    """major:minor of the device's uverbs node, as the pod's own sysfs shows it now."""
-    out = in_pod(pod, "sh", "-c", "for f in /sys/class/infiniband_verbs/uverbs*; do "
-                 "echo $(cat $f/ibdev 2>/dev/null) $(cat $f/dev); done").stdout
-    for line in out.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[0] == device:
-            major, minor = parts[1].split(":")
-            return int(major), int(minor)
-    raise AssertionError(f"{device} has no uverbs node in {pod}: {out}")
-
-
-def confined(pod: str, nodes: list[dict], *command: str) -> list[str]:
-    """A 'container' of the pod: its netns, and a /dev/infiniband holding only `nodes` (mknod with
-    the numbers the runtime got from the CDI spec, as runc does)."""
-    lines = ["set -e", "mount -t tmpfs -o mode=755 h13 /dev/infiniband"]
-    for n in nodes:
-        assert n["path"].startswith("/dev/infiniband/"), n
-        lines.append(f"mknod -m 666 {n['path']} c {n['major']} {n['minor']}")
-    lines.append('exec "$@"')
-    return ["ip", "netns", "exec", pod, "unshare", "--mount", "--propagation", "private", "--",
-            "sh", "-c", "\n".join(lines), "confined", *command]
-
-
-OPEN = r"""
-import json, os, sys
-from pyverbs.device import Context
-from pyverbs.pd import PD
-out = {"dev_infiniband": sorted(os.listdir("/dev/infiniband"))}
-for name in sys.argv[1:]:
-    try:
-        ctx = Context(name=name)
-        pd = PD(ctx)
-        out[name] = {"ok": True, "port_state": int(ctx.query_port(1).state)}
-        pd.close(); ctx.close()
-    except Exception as exc:
-        out[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-print(json.dumps(out))
-"""
 
 
 def test_granted_devices_move_into_their_pods_and_carry_rc_traffic(lab, node):
@@ -337,14 +273,6 @@ def test_granted_devices_move_into_their_pods_and_carry_rc_traffic(lab, node):
         node.kubelet.forget_pod("ns", pod)
     assert not list((node.state_dir / "rdma-excl").glob("*.json")), "DEL cleaned the state"
     lab.rxe.extend(devices)
-
-
-def kernel_uverbs_host(device: str) -> list[int]:
-    for entry in sorted(Path("/sys/class/infiniband_verbs").iterdir()):
-        ibdev = entry / "ibdev"
-        if ibdev.exists() and ibdev.read_text().strip() == device:
-            return [int(x) for x in (entry / "dev").read_text().split(":")]
-    raise AssertionError(f"{device} has no uverbs node on the host")
 
 
 def test_pod_whose_namespace_died_first_gives_its_nic_and_device_back(lab, node):
