@@ -124,6 +124,7 @@ sysfsRoot: {host.fake.sys}
 devRoot: {host.dev_root}
 healthIntervalSeconds: {INTERVAL}
 healthFile: {host.health_file}
+podGrantsSocket: {host.base}/pg.sock
 registration: kubelet
 cdi:
   enabled: true
