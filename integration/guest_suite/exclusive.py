@@ -5,11 +5,14 @@ namespace), and a "container" of a pod that sees only the char devices a CDI ent
 from __future__ import annotations
 
 import json
+import os
+import stat
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from integration.guest_suite.conftest import in_pod, sh
+from integration.guest_suite.conftest import SYSTEM_PYTHON, TRAFFIC, cluster_network, fresh_neighbours, in_pod, sh
 from tests.conftest import run_plugin
 
 
@@ -87,3 +90,47 @@ def kernel_uverbs_host(device: str) -> list[int]:
         if ibdev.exists() and ibdev.read_text().strip() == device:
             return [int(x) for x in (entry / "dev").read_text().split(":")]
     raise AssertionError(f"{device} has no uverbs node on the host")
+
+
+def cdi_device_nodes(spec_file: Path, cdi_name: str) -> list[dict]:
+    """What a runtime does with a CDI name at container creation: the device's deviceNodes plus
+    the spec-wide ones, major:minor from stat(hostPath) (the spec gives no numbers)."""
+    kind, name = cdi_name.split("=", 1)
+    spec = json.loads(spec_file.read_text())
+    assert spec["kind"] == kind
+    entry = next((d for d in spec["devices"] if d["name"] == name), None)
+    assert entry is not None, f"{cdi_name} is not in the CDI spec: {spec}"
+    nodes = entry["containerEdits"].get("deviceNodes", []) + spec.get("containerEdits", {}).get("deviceNodes", [])
+    out = []
+    for node in nodes:
+        st = os.stat(node["hostPath"])
+        assert stat.S_ISCHR(st.st_mode), node
+        out.append({"path": node["path"], "major": os.major(st.st_rdev), "minor": os.minor(st.st_rdev)})
+    return out
+
+
+def rc_exchange(pods: list[str], nodes: list[list[dict]], addresses: list[str], devices: list[str]) -> dict:
+    """Checked RC traffic between two confined processes (verbs) over the pods' own devices, as a
+    job connects: QP data over eth0 (IPv4), no packet on the rail before, neighbours forgotten.
+    The first pod serves; returns the server's verdict."""
+    oob = cluster_network(pods)
+    for pod in pods:
+        fresh_neighbours(pod, "net1")
+    tool = str(TRAFFIC / "rc_exchange.py")
+    server = subprocess.Popen(confined(pods[0], nodes[0], SYSTEM_PYTHON, tool, "server", "--addr", addresses[0],
+                                       "--device", devices[0], "--timeout", "240", "--oob-addr", oob[0]),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        client = sh(*confined(pods[1], nodes[1], SYSTEM_PYTHON, tool, "client", "--addr", addresses[1],
+                              "--peer", addresses[0], "--device", devices[1], "--timeout", "240",
+                              "--oob-addr", oob[1], "--oob-peer", oob[0]),
+                    check=False, timeout=300)
+        s_out, s_err = server.communicate(timeout=300)
+    finally:
+        if server.poll() is None:
+            server.kill()
+    assert client.returncode == 0 and server.returncode == 0, \
+        f"RC exchange failed: {client.stdout} {client.stderr} | {s_out} {s_err}"
+    verdict = json.loads(s_out.strip().splitlines()[-1])
+    assert verdict["ok"] is True
+    return verdict

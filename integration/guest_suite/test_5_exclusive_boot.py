@@ -21,11 +21,9 @@ These tests must run only in that boot: they fail (never skip) when the kernel i
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -35,10 +33,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from integration.guest_suite.conftest import (RESULTS, SYSTEM_PYTHON, TRAFFIC, cluster_network, fresh_neighbours,
-                                              in_pod, rdma_devices, record_timing, sh, timed_cni)
-from integration.guest_suite.exclusive import (OPEN, booted_exclusive, confined, host_device_add,  # noqa: F401
-                                               host_device_del, kernel_uverbs, kernel_uverbs_host)
+from integration.guest_suite.conftest import (RESULTS, SYSTEM_PYTHON, TRAFFIC, in_pod, rdma_devices, record_timing,
+                                              sh, timed_cni)
+from integration.guest_suite.exclusive import (OPEN, booted_exclusive, cdi_device_nodes,  # noqa: F401
+                                               confined, host_device_add, host_device_del, kernel_uverbs,
+                                               kernel_uverbs_host, rc_exchange)
 from tests.conftest import run_plugin
 from tests.kubelet_standin import KubeletStandIn, PodResourcesStandIn
 
@@ -97,20 +96,8 @@ class Node:
                 "stateDir": str(self.state_dir), "prevResult": prev}
 
     def cdi_nodes(self, cdi_name: str) -> list[dict]:
-        """What a runtime does with a CDI name at container creation: the device's deviceNodes
-        plus the spec-wide ones, major:minor from stat(hostPath) (the spec gives no numbers)."""
-        kind, name = cdi_name.split("=", 1)
-        spec = json.loads((self.cdi_dir / f"rdma-netns-{SLUG}.json").read_text())
-        assert spec["kind"] == kind
-        entry = next((d for d in spec["devices"] if d["name"] == name), None)
-        assert entry is not None, f"{cdi_name} is not in the CDI spec: {spec}"
-        nodes = entry["containerEdits"]["deviceNodes"] + spec["containerEdits"]["deviceNodes"]
-        out = []
-        for node in nodes:
-            st = os.stat(node["hostPath"])
-            assert stat.S_ISCHR(st.st_mode), node
-            out.append({"path": node["path"], "major": os.major(st.st_rdev), "minor": os.minor(st.st_rdev)})
-        return out
+        """The nodes a runtime makes for the CDI name Allocate returned."""
+        return cdi_device_nodes(self.cdi_dir / f"rdma-netns-{SLUG}.json", cdi_name)
 
     def close(self) -> None:
         shutil.copy(self.log_file, RESULTS / "exclusive-boot-dp.log")  # the daemon's side, for the report
@@ -213,28 +200,8 @@ def test_granted_devices_move_into_their_pods_and_carry_rc_traffic(lab, node):
     assert rdma_devices(pods[1]) == [devices[1]] and not set(devices) & set(rdma_devices())
     nodes_b = node.cdi_nodes(response_b.cdi_devices[0].name)
 
-    # Checked RC traffic between the two confined processes (verbs), over the pods' own devices, as
-    # a job connects: QP data over eth0 (IPv4), no packet on the rail before, neighbours forgotten.
-    oob = cluster_network(pods)
-    for pod in pods:
-        fresh_neighbours(pod, "net1")
-    tool = str(TRAFFIC / "rc_exchange.py")
-    server = subprocess.Popen(confined(pods[0], nodes_a, SYSTEM_PYTHON, tool, "server", "--addr", addresses[0],
-                                       "--device", devices[0], "--timeout", "240", "--oob-addr", oob[0]),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        client = sh(*confined(pods[1], nodes_b, SYSTEM_PYTHON, tool, "client", "--addr", addresses[1],
-                              "--peer", addresses[0], "--device", devices[1], "--timeout", "240",
-                              "--oob-addr", oob[1], "--oob-peer", oob[0]),
-                    check=False, timeout=300)
-        s_out, s_err = server.communicate(timeout=300)
-    finally:
-        if server.poll() is None:
-            server.kill()
-    assert client.returncode == 0 and server.returncode == 0, \
-        f"RC exchange failed: {client.stdout} {client.stderr} | {s_out} {s_err}"
-    verdict = json.loads(s_out.strip().splitlines()[-1])
-    assert verdict["ok"] is True
+    # Checked RC traffic between the two confined processes.
+    verdict = rc_exchange(pods, [nodes_a, nodes_b], addresses, devices)
     record("rc_exchange", verdict)
 
     # rdma_cm: what rxe allows after a namespace move, recorded with the kernel's own words.

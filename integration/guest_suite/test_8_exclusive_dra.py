@@ -21,10 +21,8 @@ again on it inside the pod (it registers in the initial namespace), rdma-netns m
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -34,11 +32,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from integration.guest_suite.conftest import (RESULTS, SYSTEM_PYTHON, TRAFFIC, cluster_network, fresh_neighbours,
-                                              in_pod, rdma_devices, record_timing, sh, timed_cni)
+from integration.guest_suite.conftest import RESULTS, SYSTEM_PYTHON, in_pod, rdma_devices, record_timing, sh, timed_cni
 from integration.guest_suite.control_plane import ControlPlane
-from integration.guest_suite.exclusive import (OPEN, booted_exclusive, confined, host_device_add,  # noqa: F401
-                                               kernel_uverbs)
+from integration.guest_suite.exclusive import (OPEN, booted_exclusive, cdi_device_nodes,  # noqa: F401
+                                               confined, host_device_add, kernel_uverbs, rc_exchange)
 from rdma_netns.publish.pod_cdi import spec_path
 from rdma_netns_dp.api.dra.v1 import api_pb2 as dra_pb2
 from rdma_netns_dp.api.dra.v1 import api_pb2_grpc as dra_grpc
@@ -143,18 +140,8 @@ class DraNode:
                 "podInfoDir": str(self.tmp / "pod-info"), "stateDir": str(self.state_dir), "prevResult": prev}
 
     def cdi_nodes(self, cdi_id: str) -> list[dict]:
-        """What a runtime does with a CDI name at container creation (test_5's Node.cdi_nodes)."""
-        kind, name = cdi_id.split("=", 1)
-        spec = json.loads(Path(spec_path(str(self.cdi_dir), name)).read_text())
-        assert spec["kind"] == kind
-        entry = next(d for d in spec["devices"] if d["name"] == name)
-        nodes = entry["containerEdits"].get("deviceNodes", []) + spec.get("containerEdits", {}).get("deviceNodes", [])
-        out = []
-        for node in nodes:
-            st = os.stat(node["hostPath"])
-            assert stat.S_ISCHR(st.st_mode), node
-            out.append({"path": node["path"], "major": os.major(st.st_rdev), "minor": os.minor(st.st_rdev)})
-        return out
+        """The nodes a runtime makes for the claim's CDI device."""
+        return cdi_device_nodes(Path(spec_path(str(self.cdi_dir), cdi_id.split("=", 1)[1])), cdi_id)
 
     def close(self) -> None:
         shutil.copy(self.log_file, RESULTS / "exclusive-dra-dp.log")
@@ -331,30 +318,10 @@ def test_the_scheduler_gives_each_device_one_claim_and_the_cni_moves_exactly_it(
             assert f"{addresses[allocated[p]]}/64" in data.get("ips", []), data
         record("networkData", network_data("a"))
 
-        # RC between the two confined processes, as a job connects: QP data over eth0, nothing on
-        # the rail before, neighbours forgotten.
-        order = [netns["a"], netns["b"]]
-        oob = cluster_network(order)
-        for pod in order:
-            fresh_neighbours(pod, "net1")
-        tool = str(TRAFFIC / "rc_exchange.py")
-        server = subprocess.Popen(confined(netns["a"], nodes["a"], SYSTEM_PYTHON, tool, "server",
-                                           "--addr", addresses[allocated["a"]], "--device", allocated["a"],
-                                           "--timeout", "240", "--oob-addr", oob[0]),
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            client = sh(*confined(netns["b"], nodes["b"], SYSTEM_PYTHON, tool, "client",
-                                  "--addr", addresses[allocated["b"]], "--peer", addresses[allocated["a"]],
-                                  "--device", allocated["b"], "--timeout", "240", "--oob-addr", oob[1],
-                                  "--oob-peer", oob[0]), check=False, timeout=300)
-            s_out, s_err = server.communicate(timeout=300)
-        finally:
-            if server.poll() is None:
-                server.kill()
-        assert client.returncode == 0 and server.returncode == 0, \
-            f"RC exchange failed: {client.stdout} {client.stderr} | {s_out} {s_err}"
-        verdict = json.loads(s_out.strip().splitlines()[-1])
-        assert verdict["ok"] is True
+        # RC between the two confined processes, as a job connects (exclusive.rc_exchange).
+        order = ("a", "b")
+        verdict = rc_exchange([netns[p] for p in order], [nodes[p] for p in order],
+                              [addresses[allocated[p]] for p in order], [allocated[p] for p in order])
         record("rc_exchange", verdict)
 
         # DEL gives each device back; kubelet unprepares; nothing of the claims is left.
