@@ -12,7 +12,8 @@ exactly the allocated device into each pod.
 - the claim's CDI device names the pod's own uverbs node, a "container" given only those nodes
   opens its device and not the other, RC traffic runs between the pods, the claim's status shows
   the pod's interface, the slice keeps a device listed while it is in a pod, and DEL plus
-  unprepare leave nothing.
+  unprepare leave nothing;
+- a slice deleted behind the driver's back is written again (its watch on the real API server).
 
 Soft-RoCE's way into a pod is test_5's (exclusive.py): host-device moves the netdev, rxe is made
 again on it inside the pod (it registers in the initial namespace), rdma-netns moves it.
@@ -219,6 +220,16 @@ def test_the_scheduler_gives_each_device_one_claim_and_the_cni_moves_exactly_it(
             assert device["attributes"]["kernelMode"] == {"string": "exclusive"}, device
             assert "taints" not in device, device
         record("slice devices", sorted(devices))
+
+        # Someone deletes the slice: the driver's watch on the real API server sees it and writes
+        # the slice again (a new object), with nothing on the node changing meanwhile.
+        (gone,) = our_slices(api)
+        api.delete(kube_api.resource_slices_path(gone["metadata"]["name"]))
+        deleted_at = time.monotonic()
+        control_plane.wait_for("the deleted slice written again", lambda: [
+            s for s in our_slices(api) if s["metadata"]["uid"] != gone["metadata"]["uid"]
+            and {d["name"] for d in s["spec"].get("devices", [])} == set(nics)], 60)
+        record("deleted slice written again after (s)", round(time.monotonic() - deleted_at, 1))
 
         # Three pods, one claim each: the real scheduler allocates the two devices and no more.
         claims = {}
