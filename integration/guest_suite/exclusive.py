@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
 import subprocess
 from pathlib import Path
@@ -134,3 +135,14 @@ def rc_exchange(pods: list[str], nodes: list[list[dict]], addresses: list[str], 
     verdict = json.loads(s_out.strip().splitlines()[-1])
     assert verdict["ok"] is True
     return verdict
+
+
+def stop_daemon(proc: subprocess.Popen, timeout: float = 60) -> None:
+    """SIGTERM, as kubelet stops the DaemonSet's container; SIGKILL when it does not exit in time."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -37,7 +36,7 @@ from integration.guest_suite.conftest import (RESULTS, SYSTEM_PYTHON, TRAFFIC, i
                                               sh, timed_cni)
 from integration.guest_suite.exclusive import (OPEN, booted_exclusive, cdi_device_nodes,  # noqa: F401
                                                confined, host_device_add, host_device_del, kernel_uverbs,
-                                               kernel_uverbs_host, rc_exchange)
+                                               kernel_uverbs_host, rc_exchange, stop_daemon)
 from tests.conftest import run_plugin
 from tests.kubelet_standin import KubeletStandIn, PodResourcesStandIn
 
@@ -101,13 +100,7 @@ class Node:
 
     def close(self) -> None:
         shutil.copy(self.log_file, RESULTS / "exclusive-boot-dp.log")  # the daemon's side, for the report
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_daemon(self.proc)
         self.kubelet.close()
         self.pod_resources.close()
         shutil.rmtree(self.base, ignore_errors=True)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -36,7 +35,8 @@ import pytest
 from integration.guest_suite.conftest import RESULTS, SYSTEM_PYTHON, in_pod, rdma_devices, record_timing, sh, timed_cni
 from integration.guest_suite.control_plane import ControlPlane
 from integration.guest_suite.exclusive import (OPEN, booted_exclusive, cdi_device_nodes,  # noqa: F401
-                                               confined, host_device_add, kernel_uverbs, rc_exchange)
+                                               confined, host_device_add, kernel_uverbs, rc_exchange,
+                                               stop_daemon)
 from rdma_netns.publish.pod_cdi import spec_path
 from rdma_netns_dp.api.dra.v1 import api_pb2 as dra_pb2
 from rdma_netns_dp.api.dra.v1 import api_pb2_grpc as dra_grpc
@@ -148,13 +148,7 @@ class DraNode:
         shutil.copy(self.log_file, RESULTS / "exclusive-dra-dp.log")
         if self.channel is not None:
             self.channel.close()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_daemon(self.proc)
         shutil.rmtree(self.base, ignore_errors=True)
 
 
